@@ -1,0 +1,112 @@
+"""Every error leaves the server in OpenAI's envelope; the mapping lives here and only here."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from edge_llm.api.protocol import ErrorDetail, ErrorResponse
+from edge_llm.chat_template import TemplateError
+from edge_llm.engine.types import EngineUnavailableError, QueueFullError
+
+logger = logging.getLogger(__name__)
+
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "server_error",
+}
+
+
+class APIError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        error_type: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.error_type = error_type or _TYPE_BY_STATUS.get(status, "server_error")
+        self.headers = headers
+
+    def detail(self) -> ErrorDetail:
+        return ErrorDetail(message=self.message, type=self.error_type, param=self.param, code=self.code)
+
+    def response(self) -> JSONResponse:
+        body = ErrorResponse(error=self.detail()).model_dump()
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+def invalid_request(message: str, *, param: str | None = None, code: str | None = "invalid_value") -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def from_validation_errors(errors: Sequence[Any], *, skip_body_prefix: bool = True) -> APIError:
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": "value_error"}
+    location = [str(part) for part in first.get("loc", ())]
+    if skip_body_prefix and location[:1] == ["body"]:
+        location = location[1:]
+    param = ".".join(location) or None
+    kind = first.get("type", "")
+    if kind == "json_invalid":
+        return APIError(400, f"The request body is not valid JSON: {first.get('msg')}", code="invalid_json")
+    if kind == "extra_forbidden":
+        return APIError(400, f"Unrecognized request argument supplied: {param}", param=param, code="unknown_parameter")
+    message = str(first.get("msg", "invalid value"))
+    return APIError(400, f"Invalid value for '{param}': {message}" if param else message, param=param,
+                    code="invalid_value")
+
+
+def from_pydantic(exc: ValidationError) -> APIError:
+    return from_validation_errors(exc.errors(include_url=False, include_input=False), skip_body_prefix=False)
+
+
+def from_engine_error(exc: Exception) -> APIError:
+    if isinstance(exc, QueueFullError):
+        return APIError(503, str(exc), code="queue_full", headers={"Retry-After": "1"})
+    if isinstance(exc, EngineUnavailableError):
+        return APIError(503, str(exc), code="engine_unavailable", headers={"Retry-After": "5"})
+    if isinstance(exc, TemplateError):
+        return APIError(400, str(exc), code="chat_template_error", param="messages")
+    raise exc
+
+
+def register_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return from_validation_errors(exc.errors()).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = exc.detail if isinstance(exc.detail, str) else "HTTP error"
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return APIError(exc.status_code, message, code=code, headers=getattr(exc, "headers", None)).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error")
+        return APIError(500, "Internal server error", code="internal_error", error_type="server_error").response()

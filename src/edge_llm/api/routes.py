@@ -1,0 +1,75 @@
+"""Routes: thin, they only dispatch to the serving layer reached through app.state."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from edge_llm.api.protocol import ChatCompletion, ChatCompletionRequest, ErrorResponse, ModelCard, ModelList
+from edge_llm.api.serving import ChatService
+
+router = APIRouter()
+
+_ERRORS = {status: {"model": ErrorResponse} for status in (400, 404, 413, 503)}
+_CHAT_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "oneOf": [
+                        {"$ref": "#/components/schemas/ChatCompletionRequest"},
+                        {"$ref": "#/components/schemas/SimplePromptRequest"},
+                    ]
+                }
+            }
+        },
+    }
+}
+
+
+def _service(request: Request) -> ChatService:
+    return request.app.state.chat_service
+
+
+@router.post(
+    "/v1/chat/completions",
+    response_model=ChatCompletion,
+    responses={**_ERRORS, 200: {"content": {"text/event-stream": {}}}},
+    openapi_extra=_CHAT_BODY,
+    summary="Chat completion (OpenAI body) or plain-text SSE stream (simple `prompt` body)",
+)
+async def chat_completions(request: Request) -> Response:
+    return await _service(request).chat_completions(request)
+
+
+@router.get("/v1/models", response_model=ModelList)
+async def list_models(request: Request) -> ModelList:
+    return _service(request).list_models()
+
+
+@router.get("/v1/models/{model_id:path}", response_model=ModelCard, responses={404: {"model": ErrorResponse}})
+async def get_model(model_id: str, request: Request) -> ModelCard:
+    service = _service(request)
+    service.check_model(model_id)
+    return service.list_models().data[0]
+
+
+@router.get("/healthz")
+async def healthz(request: Request) -> JSONResponse:
+    engine = request.app.state.engine
+    if engine.alive:
+        return JSONResponse({"status": "ok", "model_loaded": engine.runner is not None})
+    return JSONResponse({"status": "engine_dead"}, status_code=503)
+
+
+@router.get("/readyz")
+async def readyz(request: Request) -> JSONResponse:
+    engine = request.app.state.engine
+    if engine.ready:
+        return JSONResponse({"status": "ready"})
+    return JSONResponse({"status": "loading" if engine.alive else "unavailable"}, status_code=503)
+
+
+# The OpenAPI document lists the request schemas even though the route reads the body itself.
+__all__ = ["router", "ChatCompletionRequest"]

@@ -1,0 +1,146 @@
+"""One settings model: it generates the `serve` CLI flags and the EDGE_LLM_* environment variables.
+
+Precedence: command-line flags > environment variables > config file (TOML) > defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+ENV_PREFIX = "EDGE_LLM_"
+DEFAULT_MODEL_PATH = Path("models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"
+
+
+def _default_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
+
+    # Model and engine
+    model: Path = Field(DEFAULT_MODEL_PATH, description="Path of the GGUF model file to serve.")
+    model_alias: str | None = Field(
+        None, description="Extra name clients may use in the `model` field (besides the file name)."
+    )
+    threads: int = Field(
+        default_factory=_default_threads, ge=1, description="CPU threads for decoding (default: the cores available)."
+    )
+    threads_batch: int | None = Field(
+        None, ge=1, description="CPU threads for prompt processing (default: same as --threads)."
+    )
+    ctx_size: int = Field(
+        8192, ge=256, description="Total KV-cache size in tokens, shared by all running sequences and the prefix cache."
+    )
+    batch_size: int = Field(
+        512, ge=16, description="Most tokens one decode step carries; long prompts are prefilled in chunks of this size."
+    )
+    parallel: int = Field(4, ge=1, le=64, description="Most sequences decoded together in one batch.")
+    cache_slots: int = Field(
+        8, ge=0, le=128, description="Finished sequences kept in the KV cache for prefix reuse (0 disables the prefix cache)."
+    )
+    queue_capacity: int = Field(
+        32, ge=1, description="Most requests waiting for a free sequence; more get 503 with Retry-After."
+    )
+
+    # HTTP
+    host: str = Field("127.0.0.1", description="Address to bind.")
+    port: int = Field(3000, ge=0, le=65535, description="Port to bind.")
+    max_body_bytes: int = Field(1_048_576, ge=1024, description="Largest request body accepted (bigger gets 413).")
+
+    # Sampling defaults
+    default_temperature: float = Field(0.7, ge=0.0, le=2.0, description="Temperature when a request gives none.")
+    default_top_p: float = Field(0.9, gt=0.0, le=1.0, description="top_p when a request gives none.")
+    default_max_tokens: int = Field(128, ge=1, description="max_tokens when a request gives none.")
+
+    # Operations
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Logging level.")
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _expand_model_path(cls, value: Any) -> Any:
+        return Path(value).expanduser() if isinstance(value, (str, Path)) else value
+
+    @property
+    def model_name(self) -> str:
+        return self.model.name.removesuffix(".gguf")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = os.environ.get(CONFIG_FILE_ENV)
+        if config_file:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config_file)))
+        return tuple(sources)
+
+
+def _scalar_type(annotation: Any) -> Any:
+    """The non-None member of `X | None`, or the annotation itself."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return members[0]
+    return annotation
+
+
+def flag_name(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per settings field; defaults stay None so unset flags fall through to env/file/defaults."""
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help=f"TOML file of settings (keys are the flag names with underscores). Env: {CONFIG_FILE_ENV}",
+    )
+    for name, info in Settings.model_fields.items():
+        parser.add_argument(flag_name(name), dest=name, default=None, **_argument_kwargs(name, info))
+
+
+def _argument_kwargs(name: str, info: FieldInfo) -> dict[str, Any]:
+    annotation = _scalar_type(info.annotation)
+    env = ENV_PREFIX + name.upper()
+    default = "cores available" if info.default_factory else info.default
+    help_text = f"{info.description} Env: {env}. Default: {default}."
+    if typing.get_origin(annotation) is Literal:
+        return {"choices": list(typing.get_args(annotation)), "help": help_text}
+    if annotation is bool:
+        return {"action": argparse.BooleanOptionalAction, "help": help_text}
+    metavar = {int: "N", float: "X", Path: "PATH"}.get(annotation, "TEXT")
+    return {"metavar": metavar, "help": help_text}
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    if getattr(args, "config", None):
+        os.environ[CONFIG_FILE_ENV] = args.config
+    overrides = {
+        name: getattr(args, name)
+        for name in Settings.model_fields
+        if getattr(args, name, None) is not None
+    }
+    return Settings(**overrides)

@@ -1,0 +1,280 @@
+"""The only module that imports llama_cpp: model loading, tokenization, batched decode, sampling, KV ops.
+
+`LlamaRunner` is owned by the engine thread. Its vocabulary functions (`tokenize`,
+`detokenize`) only read the vocabulary and are also safe from the tokenizer thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+
+from edge_llm.engine.scheduler import KvCopy, KvOp, KvRemove, StepPlan
+from edge_llm.engine.types import OutOfCellsError, SamplingParams
+
+logger = logging.getLogger(__name__)
+_llama_logger = logging.getLogger("edge_llm.llama_cpp")
+
+# ggml_log_level: 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the previous line
+_GGML_LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ERROR, 5: logging.DEBUG}
+
+
+@llama_cpp.llama_log_callback
+def _route_llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+    # llama.cpp is chatty at info level; its info lines go to debug so that a normal run stays readable.
+    python_level = _GGML_LEVELS.get(level, logging.DEBUG)
+    if _llama_logger.isEnabledFor(python_level):
+        message = text.decode("utf-8", errors="replace").rstrip()
+        if message:
+            _llama_logger.log(python_level, "%s", message)
+
+
+llama_cpp.llama_log_set(_route_llama_log, ctypes.c_void_p(0))
+llama_cpp.llama_backend_init()
+
+
+class ModelLoadError(RuntimeError):
+    pass
+
+
+class DecodeError(RuntimeError):
+    def __init__(self, code: int) -> None:
+        super().__init__(f"llama_decode failed with code {code}")
+        self.code = code
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: Path
+    description: str
+    n_params: int
+    size_bytes: int
+    n_ctx_train: int
+    n_vocab: int
+    chat_template: str | None
+    bos_text: str
+    eos_text: str
+    add_bos: bool
+    bos_token: int | None  # the BOS token to put first, None when the model adds none
+    metadata: dict[str, str]
+
+
+@dataclass(frozen=True)
+class ContextConfig:
+    n_ctx: int
+    n_batch: int
+    n_seq_max: int
+    n_threads: int
+    n_threads_batch: int
+
+
+class Sampler:
+    """A native llama.cpp sampler chain, one per sequence."""
+
+    def __init__(self, handle: llama_cpp.llama_sampler_p) -> None:
+        self._handle = handle
+
+    def close(self) -> None:
+        if self._handle is not None:
+            llama_cpp.llama_sampler_free(self._handle)
+            self._handle = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class LlamaRunner:
+    def __init__(self, model_path: Path, config: ContextConfig) -> None:
+        self.config = config
+        self.model_path = model_path
+        model_params = llama_cpp.llama_model_default_params()
+        self._model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), model_params)
+        if not self._model:
+            raise ModelLoadError(f"llama.cpp could not load {model_path} (corrupt, truncated or unsupported GGUF)")
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        ctx_params = llama_cpp.llama_context_default_params()
+        ctx_params.n_ctx = config.n_ctx
+        ctx_params.n_batch = config.n_batch
+        ctx_params.n_ubatch = min(config.n_batch, 512)
+        ctx_params.n_seq_max = config.n_seq_max
+        ctx_params.n_threads = config.n_threads
+        ctx_params.n_threads_batch = config.n_threads_batch
+        ctx_params.kv_unified = True
+        ctx_params.no_perf = True
+        self._ctx = llama_cpp.llama_init_from_model(self._model, ctx_params)
+        if not self._ctx:
+            llama_cpp.llama_model_free(self._model)
+            raise ModelLoadError(
+                f"llama.cpp could not create a context of {config.n_ctx} tokens (not enough memory?)"
+            )
+        self._memory = llama_cpp.llama_get_memory(self._ctx)
+        self._batch = llama_cpp.llama_batch_init(config.n_batch, 0, 1)
+        self._n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self._pieces: dict[int, bytes] = {}
+        self.info = self._read_info()
+
+    # ---- model facts -----------------------------------------------------------------
+
+    def _read_info(self) -> ModelInfo:
+        buffer = ctypes.create_string_buffer(256)
+        llama_cpp.llama_model_desc(self._model, buffer, len(buffer))
+        template = llama_cpp.llama_model_chat_template(self._model, None)
+        bos = llama_cpp.llama_vocab_bos(self._vocab)
+        eos = llama_cpp.llama_vocab_eos(self._vocab)
+        add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+        return ModelInfo(
+            path=self.model_path,
+            description=buffer.value.decode("utf-8", errors="replace"),
+            n_params=llama_cpp.llama_model_n_params(self._model),
+            size_bytes=llama_cpp.llama_model_size(self._model),
+            n_ctx_train=llama_cpp.llama_model_n_ctx_train(self._model),
+            n_vocab=self._n_vocab,
+            chat_template=template.decode("utf-8", errors="replace") if template else None,
+            bos_text=self._special_text(bos),
+            eos_text=self._special_text(eos),
+            add_bos=add_bos,
+            bos_token=bos if add_bos and bos >= 0 else None,
+            metadata=self._metadata(),
+        )
+
+    def _metadata(self) -> dict[str, str]:
+        result: dict[str, str] = {}
+        key_buffer = ctypes.create_string_buffer(256)
+        value_buffer = ctypes.create_string_buffer(512)
+        for i in range(llama_cpp.llama_model_meta_count(self._model)):
+            llama_cpp.llama_model_meta_key_by_index(self._model, i, key_buffer, len(key_buffer))
+            llama_cpp.llama_model_meta_val_str_by_index(self._model, i, value_buffer, len(value_buffer))
+            key = key_buffer.value.decode("utf-8", errors="replace")
+            if not key.startswith("tokenizer.ggml.") and key != "tokenizer.chat_template":
+                result[key] = value_buffer.value.decode("utf-8", errors="replace")
+        return result
+
+    def _special_text(self, token: int) -> str:
+        if token < 0:
+            return ""
+        return self._piece(token, special=True).decode("utf-8", errors="replace")
+
+    @property
+    def n_vocab(self) -> int:
+        return self._n_vocab
+
+    # ---- vocabulary (thread-safe: read-only) -------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        data = text.encode("utf-8", errors="replace")
+        capacity = len(data) + 8
+        tokens = (llama_cpp.llama_token * capacity)()
+        count = llama_cpp.llama_tokenize(self._vocab, data, len(data), tokens, capacity, add_special, parse_special)
+        if count < 0:
+            capacity = -count
+            tokens = (llama_cpp.llama_token * capacity)()
+            count = llama_cpp.llama_tokenize(
+                self._vocab, data, len(data), tokens, capacity, add_special, parse_special
+            )
+        return list(tokens[:count])
+
+    def detokenize(self, tokens: list[int]) -> str:
+        array = (llama_cpp.llama_token * len(tokens))(*tokens)
+        capacity = max(64, len(tokens) * 8)
+        buffer = ctypes.create_string_buffer(capacity)
+        n = llama_cpp.llama_detokenize(self._vocab, array, len(tokens), buffer, capacity, False, False)
+        if n < 0:
+            buffer = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_detokenize(self._vocab, array, len(tokens), buffer, -n, False, False)
+        return buffer.raw[:n].decode("utf-8", errors="replace")
+
+    def is_valid_token(self, token: int) -> bool:
+        return 0 <= token < self._n_vocab
+
+    # ---- engine thread only ------------------------------------------------------------
+
+    def piece(self, token: int) -> bytes:
+        """The bytes a generated token adds to the output (special tokens add nothing)."""
+        cached = self._pieces.get(token)
+        if cached is None:
+            cached = self._pieces[token] = self._piece(token, special=False)
+        return cached
+
+    def _piece(self, token: int, *, special: bool) -> bytes:
+        buffer = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, special)
+        if n < 0:
+            buffer = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, special)
+        return buffer.raw[:n]
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    def apply_kv_ops(self, ops: list[KvOp]) -> None:
+        for op in ops:
+            if isinstance(op, KvRemove):
+                llama_cpp.llama_memory_seq_rm(self._memory, op.seq_id, -1, -1)
+            elif isinstance(op, KvCopy):
+                llama_cpp.llama_memory_seq_cp(self._memory, op.src_seq, op.dst_seq, 0, op.length)
+
+    def clear_kv(self) -> None:
+        llama_cpp.llama_memory_clear(self._memory, True)
+
+    def decode(self, plan: StepPlan) -> None:
+        batch = self._batch
+        n = len(plan.tokens)
+        for i in range(n):
+            batch.token[i] = plan.tokens[i]
+            batch.pos[i] = plan.positions[i]
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = plan.seq_ids[i]
+            batch.logits[i] = plan.logits[i]
+        batch.n_tokens = n
+        code = llama_cpp.llama_decode(self._ctx, batch)
+        if code == 1:
+            raise OutOfCellsError("no KV cells free for this batch")
+        if code != 0:
+            raise DecodeError(code)
+
+    def new_sampler(self, params: SamplingParams) -> Sampler:
+        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        add = llama_cpp.llama_sampler_chain_add
+        if params.logit_bias:
+            biases = (llama_cpp.llama_logit_bias * len(params.logit_bias))()
+            for i, (token, bias) in enumerate(params.logit_bias):
+                biases[i].token = token
+                biases[i].bias = bias
+            add(chain, llama_cpp.llama_sampler_init_logit_bias(self._n_vocab, len(params.logit_bias), biases))
+        if params.repeat_penalty != 1.0 or params.frequency_penalty or params.presence_penalty:
+            add(
+                chain,
+                llama_cpp.llama_sampler_init_penalties(
+                    64, params.repeat_penalty, params.frequency_penalty, params.presence_penalty
+                ),
+            )
+        if params.greedy:
+            add(chain, llama_cpp.llama_sampler_init_greedy())
+        else:
+            if params.top_k > 0:
+                add(chain, llama_cpp.llama_sampler_init_top_k(params.top_k))
+            if params.top_p < 1.0:
+                add(chain, llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
+            if params.min_p > 0.0:
+                add(chain, llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
+            add(chain, llama_cpp.llama_sampler_init_temp(params.temperature))
+            seed = params.seed if params.seed is not None else random.getrandbits(32)
+            add(chain, llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        return Sampler(chain)
+
+    def sample(self, sampler: Sampler, batch_index: int) -> int:
+        return int(llama_cpp.llama_sampler_sample(sampler._handle, self._ctx, batch_index))
+
+    def close(self) -> None:
+        if self._ctx:
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None

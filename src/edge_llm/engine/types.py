@@ -1,0 +1,90 @@
+"""Plain data passed between the HTTP side and the engine thread."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # end-of-generation token or a stop string
+    LENGTH = "length"  # max_tokens or the context ran out
+    CANCELLED = "cancelled"  # the client went away
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.7
+    top_p: float = 0.9
+    top_k: int = 0  # 0 = disabled
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class GenerationRequest:
+    request_id: str
+    prompt_tokens: list[int]
+    max_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+# What flows back on a request's reply channel, in order: TextDelta*, then Finished or Failed.
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+    token_count: int  # tokens generated so far
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: FinishReason
+    usage: Usage
+    timings: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Failed:
+    message: str
+    code: str = "engine_error"
+
+
+EngineEvent = TextDelta | Finished | Failed
+
+
+class EngineError(Exception):
+    """Base of the errors the engine raises to its callers."""
+
+
+class QueueFullError(EngineError):
+    pass
+
+
+class EngineUnavailableError(EngineError):
+    pass
+
+
+class OutOfCellsError(EngineError):
+    """The KV cache had no room for a batch (llama_decode returned 1)."""

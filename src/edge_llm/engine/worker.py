@@ -1,0 +1,294 @@
+"""The engine thread: it owns the model, takes commands from one inbox and runs the step loop.
+
+HTTP tasks call `submit` / `abort` (thread-safe, never blocking); everything that touches
+llama.cpp happens on the engine thread. Each request's text, then its end marker
+(`Finished`) or error (`Failed`), flows back on its own `ReplyChannel`.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from edge_llm.engine.channel import ReplyChannel
+from edge_llm.engine.scheduler import KvOp, Scheduler, Sequence, StepPlan
+from edge_llm.engine.text import OutputText
+from edge_llm.engine.types import (
+    EngineUnavailableError,
+    Failed,
+    Finished,
+    FinishReason,
+    GenerationRequest,
+    OutOfCellsError,
+    QueueFullError,
+    SamplingParams,
+    TextDelta,
+    Usage,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class SamplerHandle(Protocol):
+    def close(self) -> None: ...
+
+
+class Runner(Protocol):
+    """What the engine needs from the model (the real one is `runner.LlamaRunner`)."""
+
+    def decode(self, plan: StepPlan) -> None: ...
+    def new_sampler(self, params: SamplingParams) -> Any: ...
+    def sample(self, sampler: Any, batch_index: int) -> int: ...
+    def piece(self, token: int) -> bytes: ...
+    def is_end_of_generation(self, token: int) -> bool: ...
+    def apply_kv_ops(self, ops: list[KvOp]) -> None: ...
+    def close(self) -> None: ...
+
+
+@dataclass(eq=False)
+class _Active:
+    request: GenerationRequest
+    channel: ReplyChannel
+    submitted_at: float
+    sequence: Sequence | None = None
+    sampler: Any = None
+    output: OutputText = field(default_factory=OutputText)
+    admitted_at: float = 0.0
+    first_token_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    waiting: int
+    running: int
+    cached_sequences: int
+    kv_cells_reserved: int
+    kv_cells_total: int
+
+
+class Engine:
+    def __init__(
+        self,
+        runner_factory: Callable[[], Runner],
+        *,
+        n_ctx: int,
+        batch_size: int,
+        parallel: int,
+        cache_slots: int,
+        queue_capacity: int,
+    ) -> None:
+        self._runner_factory = runner_factory
+        self._scheduler = Scheduler(n_ctx=n_ctx, batch_size=batch_size, parallel=parallel, cache_slots=cache_slots)
+        self.queue_capacity = queue_capacity
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._waiting_ids: set[str] = set()  # submitted, not yet admitted (bounded by queue_capacity)
+        self._active: dict[str, _Active] = {}  # engine thread only
+        self._thread = threading.Thread(target=self._main, name="edge-llm-engine", daemon=True)
+        self._loaded = threading.Event()
+        self.runner: Runner | None = None
+        self.failure: BaseException | None = None
+        self._stopped = False
+        self._on_exit: Callable[[BaseException | None], None] | None = None
+
+    # ---- lifecycle (any thread) ----------------------------------------------------------
+
+    def start(self) -> None:
+        """Starts the engine thread, which loads the model; idempotent."""
+        if not self._thread.is_alive() and not self._loaded.is_set():
+            self._thread.start()
+
+    def set_exit_handler(self, handler: Callable[[BaseException | None], None]) -> None:
+        """`handler(error)` runs on the engine thread when it ends; at once if it already has."""
+        self._on_exit = handler
+        if self._loaded.is_set() and not self._thread.is_alive():
+            handler(self.failure)
+
+    def wait_loaded(self, timeout: float | None = None) -> bool:
+        return self._loaded.wait(timeout)
+
+    @property
+    def ready(self) -> bool:
+        return self.runner is not None and self.alive and not self._stopped
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.failure is None
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        self._stopped = True
+        self._inbox.put(("stop", None))
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # ---- requests (any thread) -----------------------------------------------------------
+
+    def submit(self, request: GenerationRequest, channel: ReplyChannel) -> None:
+        if not self.ready:
+            raise EngineUnavailableError("the engine is not running")
+        with self._lock:
+            if len(self._waiting_ids) >= self.queue_capacity:
+                raise QueueFullError(f"the request queue is full ({self.queue_capacity} waiting)")
+            self._waiting_ids.add(request.request_id)
+        self._inbox.put(("submit", _Active(request, channel, time.monotonic())))
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(("abort", request_id))
+
+    def stats(self) -> EngineStats:
+        scheduler = self._scheduler
+        return EngineStats(
+            waiting=len(self._waiting_ids),
+            running=len(scheduler.running),
+            cached_sequences=len(scheduler.cache),
+            kv_cells_reserved=scheduler.reserved_cells,
+            kv_cells_total=scheduler.n_ctx,
+        )
+
+    # ---- the engine thread ------------------------------------------------------------------
+
+    def _main(self) -> None:
+        error: BaseException | None = None
+        try:
+            self.runner = self._runner_factory()
+        except BaseException as exc:  # noqa: BLE001 - reported to the owner, who exits
+            error = exc
+        finally:
+            self._loaded.set()
+        if error is None:
+            try:
+                self._loop()
+            except BaseException as exc:  # noqa: BLE001
+                logger.exception("engine thread died")
+                error = exc
+            self._fail_everything("the inference engine stopped unexpectedly" if error else "the server is shutting down")
+            self.runner.close()
+        self.failure = error
+        self._stopped = True
+        if self._on_exit is not None:
+            self._on_exit(error)
+
+    def _loop(self) -> None:
+        scheduler = self._scheduler
+        while True:
+            if not self._drain_inbox(block=scheduler.idle()):
+                return
+            plan = scheduler.step()
+            now = time.monotonic()
+            for sequence in plan.admitted:
+                active = self._active[sequence.request_id]
+                active.admitted_at = now
+                with self._lock:
+                    self._waiting_ids.discard(sequence.request_id)
+            self.runner.apply_kv_ops(plan.kv_ops)
+            if plan.empty:
+                continue
+            self._decode(plan)
+            for sequence, batch_index in plan.samples:
+                active = self._active.get(sequence.request_id)
+                if active is not None:
+                    self._on_token(active, self.runner.sample(active.sampler, batch_index))
+
+    def _drain_inbox(self, *, block: bool) -> bool:
+        """Handles every queued command; waits for one if there is nothing to do. False means stop."""
+        while True:
+            try:
+                command, payload = self._inbox.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if command == "submit":
+                self._admit_request(payload)
+            elif command == "abort":
+                self._cancel(payload)
+            elif command == "stop":
+                return False
+
+    def _admit_request(self, active: _Active) -> None:
+        request = active.request
+        try:
+            active.sequence = self._scheduler.add(request.request_id, request.prompt_tokens, request.max_tokens)
+        except ValueError as exc:
+            with self._lock:
+                self._waiting_ids.discard(request.request_id)
+            active.channel.send(Failed(str(exc), code="context_length_exceeded"))
+            return
+        active.sampler = self.runner.new_sampler(request.sampling)
+        active.output = OutputText(request.stop)
+        self._active[request.request_id] = active
+
+    def _cancel(self, request_id: str) -> None:
+        with self._lock:
+            self._waiting_ids.discard(request_id)
+        active = self._active.get(request_id)
+        if active is not None:
+            logger.debug("request %s cancelled in phase %s", request_id, active.sequence.phase.value)
+            self._finish(active, FinishReason.CANCELLED)
+
+    def _decode(self, plan: StepPlan) -> None:
+        try:
+            self.runner.decode(plan)
+        except OutOfCellsError:
+            # Cells can be fragmented beyond what the budget shows: drop the prefix cache and retry once.
+            logger.warning("KV cache full during decode; clearing the prefix cache and retrying")
+            self._scheduler.clear_cache()
+            self.runner.apply_kv_ops(self._scheduler.take_pending_ops())
+            self.runner.decode(plan)
+
+    def _on_token(self, active: _Active, token: int) -> None:
+        sequence = active.sequence
+        if not active.first_token_at:
+            active.first_token_at = time.monotonic()
+        if self.runner.is_end_of_generation(token):
+            self._finish(active, FinishReason.STOP)
+            return
+        self._scheduler.on_sampled(sequence, token)
+        text = active.output.feed(self.runner.piece(token))
+        if text:
+            active.channel.send(TextDelta(text, sequence.generated))
+        if active.output.stopped:
+            self._finish(active, FinishReason.STOP)
+        elif sequence.generated >= sequence.max_tokens:
+            self._finish(active, FinishReason.LENGTH)
+
+    def _finish(self, active: _Active, reason: FinishReason) -> None:
+        sequence = active.sequence
+        del self._active[active.request.request_id]
+        self._scheduler.remove(sequence, keep_in_cache=True)
+        if active.sampler is not None:
+            active.sampler.close()
+        if reason is not FinishReason.CANCELLED:
+            tail = active.output.finish()
+            if tail:
+                active.channel.send(TextDelta(tail, sequence.generated))
+        now = time.monotonic()
+        first = active.first_token_at or now
+        admitted = active.admitted_at or now
+        timings = {
+            "queue_ms": round((admitted - active.submitted_at) * 1000, 2),
+            "prefill_ms": round((first - admitted) * 1000, 2),
+            "decode_ms": round((now - first) * 1000, 2),
+        }
+        usage = Usage(len(sequence.prompt), sequence.generated, sequence.cached_tokens)
+        active.channel.send(Finished(reason, usage, timings))
+
+    def _fail_everything(self, message: str) -> None:
+        for active in list(self._active.values()):
+            active.channel.send(Failed(message, code="engine_unavailable"))
+            if active.sampler is not None:
+                active.sampler.close()
+        self._active.clear()
+        while True:  # requests submitted but never seen by the loop
+            try:
+                command, payload = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if command == "submit":
+                payload.channel.send(Failed(message, code="engine_unavailable"))
+        with self._lock:
+            self._waiting_ids.clear()
