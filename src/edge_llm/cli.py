@@ -32,7 +32,19 @@ def build_parser() -> argparse.ArgumentParser:
     fetch = model.add_parser("fetch", help="download, assemble and verify the default model (idempotent)")
     fetch.add_argument("--dir", type=Path, default=DEFAULT_MODEL_PATH.parent, help="where models live (models/)")
     fetch.set_defaults(handler=_fetch)
+
+    # `edge-llm bench` parses its own flags (edge_llm.bench), so its imports stay out of `serve`.
+    bench = commands.add_parser("bench", help="load-test an OpenAI-compatible server (edge-llm bench --help)",
+                                add_help=False, prefix_chars="\0")
+    bench.add_argument("bench_args", nargs="*")
+    bench.set_defaults(handler=_bench)
     return parser
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from edge_llm.bench import main as bench_main
+
+    return bench_main(args.bench_args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,479 @@
+"""`edge-llm bench URL`: a load generator for any OpenAI-compatible chat server.
+
+For each concurrency level, `concurrency` clients send `requests` streamed chat
+completions between them (closed loop: a client sends its next request when the
+previous one ends) and the level reports time to first token, inter-token latency,
+per-stream decode speed, aggregate throughput and errors.
+
+Definitions (all times on the client's monotonic clock):
+- TTFT: request sent → first chunk with non-empty `delta.content`.
+- inter-token latency (ITL): gaps between consecutive content chunks of one stream.
+- stream tokens/s: (completion tokens − 1) / (last content chunk − first content chunk),
+  the decode speed one client sees, without the prefill.
+- aggregate tokens/s: all completion tokens of the level / wall time of the level.
+Completion tokens come from the final `usage` chunk (`stream_options.include_usage`);
+servers that send none are measured by their count of content chunks.
+
+The measuring and statistics are pure functions (`StreamRecorder`, `summarize_level`,
+`percentile`, ...); the HTTP part is `stream_chat` / `run_level`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import httpx
+
+DEFAULT_PROMPTS: tuple[str, ...] = (
+    "Write a Python function that checks whether a string is a palindrome, with a docstring.",
+    "Explain what a hash map is and how collisions are handled.",
+    "Write a bash script that counts the lines of every .py file in a directory tree.",
+    "Describe the difference between a process and a thread.",
+    "Write a JavaScript function that debounces another function.",
+    "Explain how binary search works and give its time complexity.",
+    "Write a SQL query that finds the second highest salary in an employees table.",
+    "What are the advantages of immutable data structures?",
+    "Write a Rust function that reverses the words of a sentence.",
+    "Explain what a race condition is, with a short example.",
+    "Write a Python class for a simple LRU cache.",
+    "Describe how HTTP keep-alive connections work.",
+    "Write a Go function that merges two sorted slices.",
+    "Explain the CAP theorem in a few paragraphs.",
+    "Write a C function that computes the length of a null-terminated string.",
+    "What is the difference between TCP and UDP?",
+)
+
+ProgressCallback = Callable[[int, int], None]
+
+
+# ---- one stream: recording and parsing (pure) -------------------------------------------------
+
+
+@dataclass
+class StreamResult:
+    """What one streamed request did; times are seconds on the monotonic clock."""
+
+    started: float
+    ended: float = 0.0
+    content_times: list[float] = field(default_factory=list)
+    usage_tokens: int | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def completion_tokens(self) -> int:
+        return self.usage_tokens if self.usage_tokens is not None else len(self.content_times)
+
+    @property
+    def ttft(self) -> float | None:
+        return self.content_times[0] - self.started if self.content_times else None
+
+
+class StreamRecorder:
+    """Feeds SSE lines of one chat-completions stream into a `StreamResult`."""
+
+    def __init__(self, started: float) -> None:
+        self.result = StreamResult(started=started)
+        self.done = False
+
+    def feed_line(self, line: str, now: float) -> None:
+        payload = parse_sse_data(line)
+        if payload is None:
+            return
+        if payload == "[DONE]":
+            self.done = True
+            return
+        try:
+            chunk = json.loads(payload)
+        except json.JSONDecodeError:
+            self.result.error = f"invalid JSON in stream: {payload[:80]!r}"
+            return
+        self.feed_chunk(chunk, now)
+
+    def feed_chunk(self, chunk: Any, now: float) -> None:
+        if not isinstance(chunk, dict):
+            return
+        if "error" in chunk:
+            self.result.error = error_message(chunk["error"])
+            return
+        if chunk_content(chunk):
+            self.result.content_times.append(now)
+        tokens = usage_completion_tokens(chunk)
+        if tokens is not None:
+            self.result.usage_tokens = tokens
+
+    def finish(self, now: float) -> StreamResult:
+        self.result.ended = now
+        if self.result.error is None and not self.done:
+            self.result.error = "stream ended without [DONE]"
+        return self.result
+
+
+def parse_sse_data(line: str) -> str | None:
+    """The value of a `data:` line, None for any other line (comments, event names, blanks)."""
+    if not line.startswith("data:"):
+        return None
+    value = line[5:]
+    return value[1:] if value.startswith(" ") else value
+
+
+def chunk_content(chunk: dict[str, Any]) -> str:
+    choices = chunk.get("choices") or []
+    if not choices or not isinstance(choices[0], dict):
+        return ""
+    delta = choices[0].get("delta") or {}
+    content = delta.get("content") if isinstance(delta, dict) else None
+    return content if isinstance(content, str) else ""
+
+
+def usage_completion_tokens(chunk: dict[str, Any]) -> int | None:
+    usage = chunk.get("usage")
+    if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+        return int(usage["completion_tokens"])
+    return None
+
+
+def error_message(error: Any) -> str:
+    if isinstance(error, dict):
+        return str(error.get("message") or error)
+    return str(error)
+
+
+# ---- statistics (pure) -----------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0..100) by linear interpolation between closest ranks; None if empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def inter_token_latencies(result: StreamResult) -> list[float]:
+    times = result.content_times
+    return [later - earlier for earlier, later in zip(times, times[1:])]
+
+
+def stream_tokens_per_second(result: StreamResult) -> float | None:
+    """Decode speed of one stream: tokens after the first / time from first to last content chunk."""
+    times = result.content_times
+    if len(times) < 2 or result.completion_tokens < 2:
+        return None
+    span = times[-1] - times[0]
+    return (result.completion_tokens - 1) / span if span > 0 else None
+
+
+@dataclass(frozen=True)
+class LevelStats:
+    concurrency: int
+    requests: int
+    errors: int
+    completion_tokens: int
+    wall_time_s: float
+    aggregate_tokens_per_s: float
+    ttft_median_s: float | None
+    ttft_p95_s: float | None
+    itl_median_s: float | None
+    itl_p95_s: float | None
+    stream_tokens_per_s_median: float | None
+    stream_tokens_per_s_p5: float | None
+    usage_reported: bool
+    error_samples: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["error_samples"] = list(self.error_samples)
+        return data
+
+
+def summarize_level(concurrency: int, results: Sequence[StreamResult], wall_time_s: float) -> LevelStats:
+    good = [r for r in results if r.ok]
+    failed = [r for r in results if not r.ok]
+    ttfts = [t for r in good if (t := r.ttft) is not None]
+    itls = [gap for r in good for gap in inter_token_latencies(r)]
+    speeds = [s for r in good if (s := stream_tokens_per_second(r)) is not None]
+    tokens = sum(r.completion_tokens for r in good)
+    return LevelStats(
+        concurrency=concurrency,
+        requests=len(results),
+        errors=len(failed),
+        completion_tokens=tokens,
+        wall_time_s=wall_time_s,
+        aggregate_tokens_per_s=tokens / wall_time_s if wall_time_s > 0 else 0.0,
+        ttft_median_s=percentile(ttfts, 50),
+        ttft_p95_s=percentile(ttfts, 95),
+        itl_median_s=percentile(itls, 50),
+        itl_p95_s=percentile(itls, 95),
+        stream_tokens_per_s_median=percentile(speeds, 50),
+        stream_tokens_per_s_p5=percentile(speeds, 5),
+        usage_reported=bool(good) and all(r.usage_tokens is not None for r in good),
+        error_samples=tuple(sorted({r.error or "" for r in failed}))[:3],
+    )
+
+
+def level_wall_time(results: Sequence[StreamResult]) -> float:
+    """From the first request sent to the last one ended."""
+    if not results:
+        return 0.0
+    return max(r.ended for r in results) - min(r.started for r in results)
+
+
+def parse_levels(text: str) -> list[int]:
+    try:
+        levels = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of integers, got {text!r}") from None
+    if not levels or any(level < 1 for level in levels):
+        raise argparse.ArgumentTypeError("concurrency levels must be positive integers")
+    return levels
+
+
+def chat_url(base_url: str) -> str:
+    """Accepts `http://host:port`, `.../v1` or the full `.../v1/chat/completions`."""
+    url = base_url.rstrip("/")
+    if url.endswith("/chat/completions"):
+        return url
+    if url.endswith("/v1"):
+        return url + "/chat/completions"
+    return url + "/v1/chat/completions"
+
+
+def models_url(base_url: str) -> str:
+    return chat_url(base_url).removesuffix("/chat/completions") + "/models"
+
+
+def load_prompts(path: Path | None) -> list[str]:
+    if path is None:
+        return list(DEFAULT_PROMPTS)
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, list) or not data or not all(isinstance(p, str) and p for p in data):
+        raise ValueError(f"{path}: expected a non-empty JSON list of non-empty strings")
+    return data
+
+
+# ---- HTTP ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    base_url: str
+    max_tokens: int = 64
+    temperature: float = 0.0
+    model: str | None = None
+    api_key: str | None = None
+    system_prompt: str | None = None
+    timeout_s: float = 600.0
+
+    def body(self, prompt: str) -> dict[str, Any]:
+        messages: list[dict[str, str]] = []
+        if self.system_prompt:
+            messages.append({"role": "system", "content": self.system_prompt})
+        messages.append({"role": "user", "content": prompt})
+        body: dict[str, Any] = {
+            "messages": messages,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if self.model:
+            body["model"] = self.model
+        return body
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+def new_client(config: BenchConfig, concurrency: int) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=concurrency + 2, max_keepalive_connections=concurrency + 2)
+    return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(config.timeout_s, connect=10.0),
+                             headers=config.headers())
+
+
+async def stream_chat(client: httpx.AsyncClient, config: BenchConfig, prompt: str) -> StreamResult:
+    """One streamed chat completion, measured; errors are recorded, never raised."""
+    recorder = StreamRecorder(time.monotonic())
+    try:
+        async with client.stream("POST", chat_url(config.base_url), json=config.body(prompt)) as response:
+            if response.status_code != 200:
+                body = (await response.aread()).decode("utf-8", errors="replace")
+                recorder.result.error = f"HTTP {response.status_code}: {body[:200]}"
+            else:
+                async for line in response.aiter_lines():
+                    recorder.feed_line(line, time.monotonic())
+    except httpx.HTTPError as exc:
+        recorder.result.error = f"{type(exc).__name__}: {exc}"
+    return recorder.finish(time.monotonic())
+
+
+async def run_level(
+    config: BenchConfig,
+    concurrency: int,
+    n_requests: int,
+    prompts: Sequence[str],
+    progress: ProgressCallback | None = None,
+) -> LevelStats:
+    """`concurrency` clients share `n_requests` requests; prompts are used round-robin."""
+    results: list[StreamResult] = []
+    next_index = iter(range(n_requests))
+
+    async def client_loop(client: httpx.AsyncClient) -> None:
+        for index in next_index:
+            results.append(await stream_chat(client, config, prompts[index % len(prompts)]))
+            if progress is not None:
+                progress(len(results), n_requests)
+
+    async with new_client(config, concurrency) as client:
+        await asyncio.gather(*(client_loop(client) for _ in range(concurrency)))
+    return summarize_level(concurrency, results, level_wall_time(results))
+
+
+async def discover_model(config: BenchConfig) -> str | None:
+    """The first model id the server lists, or None when it lists none."""
+    try:
+        async with httpx.AsyncClient(timeout=10.0, headers=config.headers()) as client:
+            response = await client.get(models_url(config.base_url))
+            response.raise_for_status()
+            data = response.json().get("data") or []
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    return str(data[0]["id"]) if data and isinstance(data[0], dict) and "id" in data[0] else None
+
+
+async def run_benchmark(
+    config: BenchConfig,
+    levels: Sequence[int],
+    n_requests: int,
+    prompts: Sequence[str],
+    *,
+    warmup: int = 1,
+    progress_factory: Callable[[int], ProgressCallback | None] | None = None,
+) -> list[LevelStats]:
+    if warmup > 0:
+        await run_level(config, 1, warmup, prompts)
+    stats: list[LevelStats] = []
+    for concurrency in levels:
+        progress = progress_factory(concurrency) if progress_factory else None
+        stats.append(await run_level(config, concurrency, n_requests, prompts, progress))
+    return stats
+
+
+# ---- presentation --------------------------------------------------------------------------------
+
+
+class ProgressBar:
+    """A one-line progress bar on stderr."""
+
+    def __init__(self, label: str, stream: TextIO = sys.stderr, width: int = 30) -> None:
+        self.label = label
+        self.stream = stream
+        self.width = width
+        self.started = time.monotonic()
+
+    def __call__(self, done: int, total: int) -> None:
+        filled = self.width * done // max(total, 1)
+        elapsed = time.monotonic() - self.started
+        self.stream.write(f"\r{self.label} [{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} "
+                          f"{elapsed:5.1f}s")
+        if done >= total:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f}"
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def format_table(stats: Sequence[LevelStats]) -> str:
+    header = ("clients", "reqs", "errors", "TTFT p50 ms", "TTFT p95 ms", "ITL p50 ms", "ITL p95 ms",
+              "stream tok/s", "aggregate tok/s")
+    rows = [header] + [
+        (str(s.concurrency), str(s.requests), str(s.errors), _ms(s.ttft_median_s), _ms(s.ttft_p95_s),
+         _ms(s.itl_median_s), _ms(s.itl_p95_s), _rate(s.stream_tokens_per_s_median),
+         _rate(s.aggregate_tokens_per_s))
+        for s in stats
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+# ---- command line ----------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("url", help="base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:3000")
+    parser.add_argument("--concurrency", type=parse_levels, default=[1, 4, 8], metavar="LIST",
+                        help="comma-separated concurrency levels (default: 1,4,8)")
+    parser.add_argument("--requests", type=int, default=16, metavar="N", help="requests per level (default: 16)")
+    parser.add_argument("--max-tokens", type=int, default=64, metavar="N", help="max_tokens of each request")
+    parser.add_argument("--prompts", type=Path, metavar="FILE",
+                        help="JSON list of prompt strings (default: a built-in set of short distinct prompts)")
+    parser.add_argument("--model", help="model name to send (default: the first one /v1/models lists)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default: 0)")
+    parser.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
+    parser.add_argument("--warmup", type=int, default=1, metavar="N", help="untimed requests first (default: 1)")
+    parser.add_argument("--json", type=Path, metavar="OUT", help="also write the results as JSON to OUT")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="edge-llm bench",
+        description="Load-test an OpenAI-compatible server with streamed chat completions and report "
+        "TTFT, inter-token latency, per-stream and aggregate tokens/s for each concurrency level.",
+    )
+    add_arguments(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(build_parser().parse_args(argv))
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    if args.requests < 1 or args.max_tokens < 1:
+        sys.stderr.write("edge-llm bench: error: --requests and --max-tokens must be positive\n")
+        return 2
+    try:
+        prompts = load_prompts(args.prompts)
+    except (OSError, ValueError) as exc:
+        sys.stderr.write(f"edge-llm bench: error: {exc}\n")
+        return 2
+    stats = asyncio.run(_run_cli(args, prompts))
+    sys.stdout.write(format_table(stats))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps([s.to_dict() for s in stats], indent=2) + "\n", encoding="utf-8")
+    return 1 if any(s.errors == s.requests for s in stats) else 0
+
+
+async def _run_cli(args: argparse.Namespace, prompts: list[str]) -> list[LevelStats]:
+    config = BenchConfig(base_url=args.url, max_tokens=args.max_tokens, temperature=args.temperature,
+                         model=args.model, api_key=args.api_key)
+    if config.model is None:
+        model = await discover_model(config)
+        config = BenchConfig(**{**asdict(config), "model": model})
+    return await run_benchmark(
+        config, args.concurrency, args.requests, prompts, warmup=args.warmup,
+        progress_factory=lambda concurrency: ProgressBar(f"{concurrency:>3} clients"),
+    )

@@ -1,0 +1,210 @@
+"""The benchmark's measuring and statistics: pure functions, no server."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from edge_llm.bench import (
+    BenchConfig,
+    StreamRecorder,
+    StreamResult,
+    chat_url,
+    format_table,
+    inter_token_latencies,
+    level_wall_time,
+    load_prompts,
+    models_url,
+    parse_levels,
+    parse_sse_data,
+    percentile,
+    stream_tokens_per_second,
+    summarize_level,
+)
+
+
+def content_line(text: str) -> str:
+    return "data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]})
+
+
+def usage_line(completion_tokens: int) -> str:
+    return "data: " + json.dumps({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": completion_tokens}})
+
+
+def record(lines: list[tuple[float, str]], started: float = 0.0, ended: float = 10.0) -> StreamResult:
+    recorder = StreamRecorder(started)
+    for now, line in lines:
+        recorder.feed_line(line, now)
+    return recorder.finish(ended)
+
+
+def stream(started: float, times: list[float], usage: int | None = None, ended: float | None = None) -> StreamResult:
+    return StreamResult(started=started, ended=ended if ended is not None else (times[-1] if times else started),
+                        content_times=list(times), usage_tokens=usage)
+
+
+# ---- percentile ------------------------------------------------------------------------------
+
+
+def test_percentile_of_nothing_is_none() -> None:
+    assert percentile([], 50) is None
+
+
+def test_percentile_of_one_value_is_that_value() -> None:
+    assert percentile([3.0], 50) == 3.0
+    assert percentile([3.0], 95) == 3.0
+
+
+def test_median_interpolates_between_the_middle_values() -> None:
+    assert percentile([4.0, 1.0, 3.0, 2.0], 50) == pytest.approx(2.5)
+    assert percentile([5.0, 1.0, 3.0], 50) == 3.0
+
+
+def test_p95_interpolates_linearly_between_closest_ranks() -> None:
+    values = [float(v) for v in range(1, 21)]  # 1..20: rank 0.95 * 19 = 18.05
+    assert percentile(values, 95) == pytest.approx(19.05)
+    assert percentile(values, 0) == 1.0
+    assert percentile(values, 100) == 20.0
+
+
+# ---- recording one stream --------------------------------------------------------------------
+
+
+def test_recorder_times_only_chunks_with_content() -> None:
+    result = record([
+        (0.5, "data: " + json.dumps({"choices": [{"delta": {"role": "assistant", "content": ""}}]})),
+        (1.0, content_line("Hel")),
+        (1.2, ": keep-alive comment"),
+        (1.3, ""),
+        (1.5, content_line("lo")),
+        (1.6, "data: " + json.dumps({"choices": [{"delta": {}, "finish_reason": "length"}]})),
+        (1.7, "data: [DONE]"),
+    ])
+    assert result.ok
+    assert result.content_times == [1.0, 1.5]
+    assert result.ttft == pytest.approx(1.0)
+    assert result.usage_tokens is None
+    assert result.completion_tokens == 2  # fallback: the count of content chunks
+
+
+def test_recorder_prefers_the_usage_chunk_over_the_chunk_count() -> None:
+    result = record([(1.0, content_line("ab")), (2.0, content_line("cd")), (2.1, usage_line(4)), (2.2, "data: [DONE]")])
+    assert result.usage_tokens == 4
+    assert result.completion_tokens == 4
+
+
+def test_recorder_records_an_error_event() -> None:
+    error = {"error": {"message": "the request queue is full", "type": "server_error"}}
+    result = record([(1.0, "data: " + json.dumps(error)), (1.1, "data: [DONE]")])
+    assert not result.ok
+    assert result.error == "the request queue is full"
+
+
+def test_a_stream_without_done_is_an_error() -> None:
+    result = record([(1.0, content_line("a"))])
+    assert result.error == "stream ended without [DONE]"
+
+
+def test_parse_sse_data_accepts_data_with_and_without_a_space() -> None:
+    assert parse_sse_data("data: x") == "x"
+    assert parse_sse_data("data:x") == "x"
+    assert parse_sse_data("event: done") is None
+    assert parse_sse_data("") is None
+
+
+# ---- per-stream measures ----------------------------------------------------------------------
+
+
+def test_inter_token_latencies_are_the_gaps_between_content_chunks() -> None:
+    assert inter_token_latencies(stream(0.0, [1.0, 1.1, 1.3])) == pytest.approx([0.1, 0.2])
+    assert inter_token_latencies(stream(0.0, [1.0])) == []
+
+
+def test_stream_speed_excludes_the_first_token_and_uses_usage() -> None:
+    # 5 tokens reported, content chunks from t=1 to t=2: 4 tokens decoded in 1 s.
+    assert stream_tokens_per_second(stream(0.0, [1.0, 1.5, 2.0], usage=5)) == pytest.approx(4.0)
+    assert stream_tokens_per_second(stream(0.0, [1.0, 1.5, 2.0])) == pytest.approx(2.0)
+    assert stream_tokens_per_second(stream(0.0, [1.0])) is None
+
+
+# ---- a level ---------------------------------------------------------------------------------------
+
+
+def test_summarize_level_aggregates_over_the_wall_time() -> None:
+    results = [
+        stream(0.0, [0.5, 0.6, 0.7], usage=3, ended=0.8),
+        stream(0.0, [1.0, 1.2, 1.4, 1.6], usage=4, ended=1.7),
+        StreamResult(started=0.1, ended=0.2, error="HTTP 503: busy"),
+    ]
+    wall = level_wall_time(results)
+    assert wall == pytest.approx(1.7)
+    stats = summarize_level(2, results, wall)
+    assert stats.requests == 3
+    assert stats.errors == 1
+    assert stats.completion_tokens == 7
+    assert stats.aggregate_tokens_per_s == pytest.approx(7 / 1.7)
+    assert stats.ttft_median_s == pytest.approx(0.75)
+    assert stats.itl_median_s == pytest.approx(0.2)  # gaps 0.1, 0.1, 0.2, 0.2, 0.2
+    assert stats.stream_tokens_per_s_median == pytest.approx(7.5)  # 10 tok/s and 5 tok/s
+    assert stats.usage_reported
+    assert stats.error_samples == ("HTTP 503: busy",)
+    assert stats.to_dict()["error_samples"] == ["HTTP 503: busy"]
+
+
+def test_summarize_level_with_only_errors_has_no_latencies() -> None:
+    stats = summarize_level(1, [StreamResult(started=0.0, ended=1.0, error="boom")], 1.0)
+    assert stats.errors == 1
+    assert stats.completion_tokens == 0
+    assert stats.ttft_median_s is None
+    assert stats.itl_p95_s is None
+    assert not stats.usage_reported
+    assert "-" in format_table([stats])
+
+
+def test_level_wall_time_of_nothing_is_zero() -> None:
+    assert level_wall_time([]) == 0.0
+    assert summarize_level(1, [], 0.0).aggregate_tokens_per_s == 0.0
+
+
+# ---- options ------------------------------------------------------------------------------------------
+
+
+def test_parse_levels() -> None:
+    assert parse_levels("1,4,8") == [1, 4, 8]
+    assert parse_levels("2") == [2]
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_levels("1,x")
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_levels("0")
+
+
+@pytest.mark.parametrize(
+    "base",
+    ["http://h:1", "http://h:1/", "http://h:1/v1", "http://h:1/v1/", "http://h:1/v1/chat/completions"],
+)
+def test_chat_url_accepts_a_base_url_or_the_endpoint(base: str) -> None:
+    assert chat_url(base) == "http://h:1/v1/chat/completions"
+    assert models_url(base) == "http://h:1/v1/models"
+
+
+def test_request_body_streams_with_usage() -> None:
+    body = BenchConfig("http://h", max_tokens=8, model="m", system_prompt="sys").body("hi")
+    assert body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True}
+    assert body["temperature"] == 0.0
+    assert body["messages"] == [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]
+    assert "model" not in BenchConfig("http://h").body("hi")
+
+
+def test_load_prompts(tmp_path: Path) -> None:
+    assert len(set(load_prompts(None))) == len(load_prompts(None)) > 4
+    good = tmp_path / "p.json"
+    good.write_text(json.dumps(["a", "b"]))
+    assert load_prompts(good) == ["a", "b"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"a": 1}))
+    with pytest.raises(ValueError):
+        load_prompts(bad)
