@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.integration.server import MODEL_ID, RunningServer, run_server
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """The default server: 4 parallel sequences, prefix cache on."""
+    with run_server(tmp_path_factory.mktemp("server"), "--parallel", "4") as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def client(server: RunningServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def model_id() -> str:
+    return MODEL_ID
+
+
+@pytest.fixture(scope="module")
+def serial_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """One sequence at a time, one waiting slot, a small context: for queueing and capping tests."""
+    with run_server(tmp_path_factory.mktemp("serial"), "--parallel", "1", "--queue-capacity", "1",
+                    "--ctx-size", "512", "--cache-slots", "0") as running:
+        yield running

@@ -1,0 +1,287 @@
+"""The foundation, end to end: a real server process, the real model, real HTTP."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import threading
+import time
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from edge_llm.api.sse import decode_events
+from tests.integration.server import RunningServer
+
+CHAT = "/v1/chat/completions"
+
+
+def simple_stream(server: RunningServer, body: dict[str, Any]) -> tuple[httpx.Response, list[tuple[str, str]]]:
+    with httpx.stream("POST", server.url + CHAT, json=body, timeout=120) as response:
+        raw = response.read().decode()
+    return response, decode_events(raw)
+
+
+def chat(server: RunningServer, content: str, **fields: Any) -> dict[str, Any]:
+    body = {"messages": [{"role": "user", "content": content}], "temperature": 0, **fields}
+    response = httpx.post(server.url + CHAT, json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_simple_body_streams_plain_text_events(server: RunningServer) -> None:
+    response, events = simple_stream(
+        server, {"prompt": "Explain edge inference in 3 words.", "temperature": 0.7, "top_p": 0.9, "max_tokens": 32}
+    )
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    pieces = [data for name, data in events if name == "message"]
+    assert len(pieces) >= 2 and "".join(pieces).strip()
+    name, data = events[-1]
+    assert name == "done"
+    done = json.loads(data)
+    assert done["finish_reason"] in ("stop", "length")
+    assert done["usage"]["completion_tokens"] >= len(pieces)
+    assert done["usage"]["prompt_tokens"] > 5
+    assert set(done["timings"]) == {"queue_ms", "prefill_ms", "decode_ms"}
+
+
+def test_simple_body_uses_documented_defaults(server: RunningServer) -> None:
+    _, events = simple_stream(server, {"prompt": "Count from 1 to 500, one number per line."})
+    done = json.loads(events[-1][1])
+    assert done["finish_reason"] == "length"
+    assert done["usage"]["completion_tokens"] == 128  # the default max_tokens
+
+
+def test_multiline_pieces_reassemble_exactly(server: RunningServer) -> None:
+    body = {"prompt": "Write a Python function that adds two numbers. Only code.", "temperature": 0,
+            "max_tokens": 48}
+    _, events = simple_stream(server, body)
+    streamed = "".join(data for name, data in events if name == "message")
+    expected = chat(server, body["prompt"], max_tokens=48)["choices"][0]["message"]["content"]
+    assert "\n" in streamed
+    assert streamed == expected
+
+
+def test_openai_client_streaming(client: openai.OpenAI, model_id: str) -> None:
+    stream = client.chat.completions.create(
+        model=model_id,
+        messages=[{"role": "user", "content": "Name three colors."}],
+        max_tokens=24,
+        temperature=0,
+        stream=True,
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.object == "chat.completion.chunk" and c.model == model_id for c in chunks)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert text.strip()
+    assert [c.choices[0].finish_reason for c in chunks][-1] in ("stop", "length")
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+
+
+def test_openai_client_non_streaming_with_usage(client: openai.OpenAI, model_id: str) -> None:
+    completion = client.chat.completions.create(
+        model=model_id,
+        messages=[{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "What is 2+2?"}],
+        max_tokens=16,
+        temperature=0,
+    )
+    assert completion.object == "chat.completion"
+    choice = completion.choices[0]
+    assert choice.message.role == "assistant" and "4" in choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    usage = completion.usage
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert 0 < usage.completion_tokens <= 16
+
+
+def test_temperature_zero_is_deterministic_and_stream_equals_non_stream(
+    client: openai.OpenAI, model_id: str
+) -> None:
+    messages = [{"role": "user", "content": "Describe a cat in two sentences."}]
+    first = client.chat.completions.create(model=model_id, messages=messages, max_tokens=40, temperature=0)
+    second = client.chat.completions.create(model=model_id, messages=messages, max_tokens=40, temperature=0)
+    streamed = "".join(
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(
+            model=model_id, messages=messages, max_tokens=40, temperature=0, stream=True
+        )
+    )
+    assert first.choices[0].message.content == second.choices[0].message.content
+    assert streamed == first.choices[0].message.content
+
+
+def test_multibyte_text_streams_without_broken_characters(client: openai.OpenAI, model_id: str) -> None:
+    messages = [{"role": "user", "content": "Translate 'good morning, friend' into Japanese and Chinese, "
+                                            "and add three emoji."}]
+    deltas = [
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(
+            model=model_id, messages=messages, max_tokens=60, temperature=0, stream=True
+        )
+    ]
+    text = "".join(deltas)
+    assert any(ord(ch) > 0x2FFF for ch in text), text  # the answer really has multi-byte characters
+    assert "\ufffd" not in text
+    whole = client.chat.completions.create(model=model_id, messages=messages, max_tokens=60, temperature=0)
+    assert text == whole.choices[0].message.content
+
+
+def test_control_token_text_in_messages_stays_plain_text(server: RunningServer) -> None:
+    plain = chat(server, "x", max_tokens=1)["usage"]["prompt_tokens"]
+    imitation = chat(server, "<|im_start|>system", max_tokens=1)["usage"]["prompt_tokens"]
+    # As special tokens this would be 2 tokens more than "x"-ish; as text it is several more.
+    assert imitation - plain >= 5
+
+
+def test_models_and_health(server: RunningServer, model_id: str) -> None:
+    models = httpx.get(server.url + "/v1/models").json()
+    assert models["object"] == "list"
+    assert [m["id"] for m in models["data"]] == [model_id]
+    assert httpx.get(server.url + "/healthz").status_code == 200
+
+
+def test_unknown_model_is_404_not_a_substitution(server: RunningServer) -> None:
+    response = httpx.post(server.url + CHAT, json={"model": "gpt-4", "messages": [{"role": "user", "content": "hi"}]})
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "model_not_found"
+
+
+LONG_PROMPT = "hello " * 9000
+
+BAD_BODIES: list[tuple[str, Any, str | None, str | None]] = [
+    ("malformed json", b'{"prompt": "hi",', None, "invalid_json"),
+    ("not an object", b"[1, 2]", None, "invalid_json"),
+    ("wrong type", {"prompt": "hi", "temperature": "hot"}, "temperature", None),
+    ("empty prompt", {"prompt": ""}, "prompt", None),
+    ("blank prompt", {"prompt": "   "}, "prompt", None),
+    ("empty messages", {"messages": []}, "messages", None),
+    ("unknown role", {"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role", None),
+    ("max_tokens zero", {"prompt": "hi", "max_tokens": 0}, "max_tokens", None),
+    ("max_tokens negative", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": -5}, "max_tokens", None),
+    ("temperature too high", {"prompt": "hi", "temperature": 2.5}, "temperature", None),
+    ("top_p zero", {"prompt": "hi", "top_p": 0}, "top_p", None),
+    ("top_p above one", {"messages": [{"role": "user", "content": "hi"}], "top_p": 1.5}, "top_p", None),
+    ("both prompt and messages", {"prompt": "hi", "messages": [{"role": "user", "content": "hi"}]}, "prompt", None),
+    ("neither prompt nor messages", {"temperature": 0.5}, "messages", None),
+    ("unknown field", {"messages": [{"role": "user", "content": "hi"}], "frobnicate": 1}, "frobnicate",
+     "unknown_parameter"),
+    ("prompt beyond the context", {"prompt": LONG_PROMPT}, "messages", "context_length_exceeded"),
+]
+
+
+@pytest.mark.parametrize(("case", "body", "param", "code"), BAD_BODIES, ids=[c[0] for c in BAD_BODIES])
+def test_bad_input_gets_openai_error_and_server_keeps_serving(
+    server: RunningServer, case: str, body: Any, param: str | None, code: str | None
+) -> None:
+    if isinstance(body, bytes):
+        response = httpx.post(server.url + CHAT, content=body, headers={"content-type": "application/json"})
+    else:
+        response = httpx.post(server.url + CHAT, json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and error["message"]
+    if param is not None:
+        assert error["param"] == param
+    if code is not None:
+        assert error["code"] == code
+    assert chat(server, "Say OK.", max_tokens=4)["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_oversized_body_is_413(server: RunningServer) -> None:
+    body = json.dumps({"prompt": "a" * 2_000_000}).encode()
+    response = httpx.post(server.url + CHAT, content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"
+    assert chat(server, "Say OK.", max_tokens=4)["object"] == "chat.completion"
+
+
+def test_bad_requests_leave_a_running_stream_untouched(server: RunningServer) -> None:
+    result: dict[str, Any] = {}
+
+    def stream() -> None:
+        result["response"], result["events"] = simple_stream(
+            server, {"prompt": "Count from 1 to 100 separated by spaces.", "temperature": 0, "max_tokens": 60}
+        )
+
+    worker = threading.Thread(target=stream)
+    worker.start()
+    time.sleep(0.5)
+    for _, body, _, _ in BAD_BODIES[:8]:
+        payload = {"content": body} if isinstance(body, bytes) else {"json": body}
+        assert httpx.post(server.url + CHAT, **payload, timeout=60).status_code == 400
+    worker.join(120)
+    done = json.loads(result["events"][-1][1])
+    assert result["events"][-1][0] == "done"
+    assert done["finish_reason"] == "length" and done["usage"]["completion_tokens"] == 60
+
+
+def test_max_tokens_beyond_the_context_is_capped(serial_server: RunningServer) -> None:
+    numbers = ", ".join(str(n) for n in range(1, 70))
+    body = {"messages": [{"role": "user", "content": f"Repeat this list exactly, twice: {numbers}"}],
+            "temperature": 0, "max_tokens": 100_000}
+    response = httpx.post(serial_server.url + CHAT, json=body, timeout=300)
+    assert response.status_code == 200, response.text
+    completion = response.json()
+    usage = completion["usage"]
+    assert completion["choices"][0]["finish_reason"] == "length"
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == 512
+
+
+def test_queue_full_gets_503_and_every_accepted_request_completes(serial_server: RunningServer) -> None:
+    body = {"messages": [{"role": "user", "content": "Write a short poem about rivers."}],
+            "temperature": 0, "max_tokens": 24}
+
+    def send(_: int) -> httpx.Response:
+        return httpx.post(serial_server.url + CHAT, json=body, timeout=300)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        responses = list(pool.map(send, range(8)))
+    accepted = [r for r in responses if r.status_code == 200]
+    rejected = [r for r in responses if r.status_code == 503]
+    assert len(accepted) + len(rejected) == 8
+    assert 2 <= len(accepted) < 8  # one running and one waiting at least; not everyone fits
+    texts = {r.json()["choices"][0]["message"]["content"] for r in accepted}
+    assert len(texts) == 1  # temperature 0: each accepted request ran in full, identically
+    for response in accepted:
+        assert response.json()["usage"]["completion_tokens"] > 0
+    for response in rejected:
+        assert response.headers["retry-after"]
+        assert response.json()["error"]["code"] == "queue_full"
+
+
+def _open_stream_and_leave(url: str, body: dict[str, Any], events_before_leaving: int) -> None:
+    with httpx.stream("POST", url + CHAT, json=body, timeout=120) as response:
+        assert response.status_code == 200
+        seen = 0
+        for line in response.iter_lines():
+            if line.startswith("data:"):
+                seen += 1
+                if seen >= events_before_leaving:
+                    return
+
+
+def test_disconnect_mid_stream_frees_the_engine(serial_server: RunningServer) -> None:
+    long_body = {"prompt": "Count from 1 to 10000, one number per line.", "temperature": 0, "max_tokens": 450}
+    _open_stream_and_leave(serial_server.url, long_body, 2)
+    # With one sequence slot, this request could only start after 450 tokens unless the first was cancelled.
+    done = json.loads(simple_stream(serial_server, {"prompt": "Say hi.", "max_tokens": 4})[1][-1][1])
+    assert done["timings"]["queue_ms"] < 5000, done
+
+
+def test_disconnect_while_queued_is_dropped(serial_server: RunningServer) -> None:
+    long_body = {"prompt": "Count from 1 to 10000, one number per line.", "temperature": 0, "max_tokens": 400}
+    running = threading.Thread(target=_open_stream_and_leave, args=(serial_server.url, long_body, 40))
+    running.start()
+    time.sleep(1.0)
+    # This one waits in the queue behind the running one; the client gives up before it starts.
+    queued_body = {"messages": [{"role": "user", "content": "Count to 10000."}], "max_tokens": 400}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(serial_server.url + CHAT, json=queued_body, timeout=0.5)
+    running.join(120)
+    done = json.loads(simple_stream(serial_server, {"prompt": "Say hi.", "max_tokens": 4})[1][-1][1])
+    assert done["timings"]["queue_ms"] < 5000, done
