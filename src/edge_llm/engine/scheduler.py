@@ -237,6 +237,9 @@ class Scheduler:
     def _make_room(self, cells: int, protect: tuple[CacheEntry, int] | None) -> bool:
         """Evicts least-recently-used cache entries until `cells` and a sequence id are free."""
         protected = protect[0].seq_id if protect else None
+        floor = sum(s.reserved for s in self.running) + (len(protect[0].tokens) if protect else 0)
+        if floor + cells > self.n_ctx:
+            return False  # only running sequences finishing can make room: evicting the cache would not help
         while self.reserved_cells + cells > self.n_ctx or not self._free_seq_ids:
             victim = next((seq_id for seq_id in self.cache if seq_id != protected), None)
             if victim is None:

@@ -1,0 +1,123 @@
+"""Test helpers for the scheduler: a driver that acts like the engine and a model of the KV cache.
+
+The KV model applies every op and every batch the scheduler hands out, and checks that they are
+coherent: a decode position is always the next free position of its sequence, a copy only
+copies positions its source really holds into an empty sequence, and a sequence's tokens are
+the ones the scheduler believes (`kv_tokens`, cache entries).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from edge_llm.engine.scheduler import KvCopy, KvOp, KvRemove, Phase, Scheduler, Sequence, StepPlan
+
+
+class KvModel:
+    def __init__(self, n_seq_max: int) -> None:
+        self.n_seq_max = n_seq_max
+        self.seqs: dict[int, list[int]] = {}
+        self.log: list[KvOp] = []
+
+    def apply_ops(self, ops: list[KvOp]) -> None:
+        for op in ops:
+            self.log.append(op)
+            if isinstance(op, KvRemove):
+                assert 0 <= op.seq_id < self.n_seq_max
+                self.seqs.pop(op.seq_id, None)
+            elif isinstance(op, KvCopy):
+                assert op.src_seq != op.dst_seq
+                src = self.seqs.get(op.src_seq, [])
+                assert len(src) >= op.length > 0, f"copy of {op.length} positions from a sequence holding {len(src)}"
+                assert not self.seqs.get(op.dst_seq), "copy into a sequence that still holds cells"
+                self.seqs[op.dst_seq] = list(src[: op.length])
+            else:  # pragma: no cover - the scheduler has only two ops
+                raise AssertionError(op)
+
+    def decode(self, plan: StepPlan, batch_size: int) -> None:
+        n = len(plan.tokens)
+        assert len(plan.positions) == len(plan.seq_ids) == len(plan.logits) == n
+        assert 0 < n <= batch_size
+        sample_indices = {index for _, index in plan.samples}
+        assert len(sample_indices) == len(plan.samples)
+        assert [i for i in range(n) if plan.logits[i]] == sorted(sample_indices), "logits only where sampled"
+        for token, position, seq_id in zip(plan.tokens, plan.positions, plan.seq_ids):
+            assert 0 <= seq_id < self.n_seq_max
+            cells = self.seqs.setdefault(seq_id, [])
+            assert position == len(cells), f"seq {seq_id}: position {position} but it holds {len(cells)}"
+            cells.append(token)
+
+
+class Driver:
+    """Drives a Scheduler as the engine does: step, decode, sample, finish at max_tokens."""
+
+    def __init__(self, scheduler: Scheduler, sample: Callable[[Sequence], int] | None = None) -> None:
+        self.s = scheduler
+        self.kv = KvModel(scheduler.n_seq_max)
+        self.sample = sample or (lambda seq: 1000 + seq.generated)
+        self.plans: list[StepPlan] = []
+        self.finished: list[Sequence] = []
+        self.output: dict[str, list[int]] = {}
+
+    def step(self, *, finish_at_max: bool = True) -> StepPlan:
+        plan = self.s.step()
+        self.plans.append(plan)
+        self.kv.apply_ops(plan.kv_ops)
+        if not plan.empty:
+            self.kv.decode(plan, self.s.batch_size)
+        for sequence, _ in plan.samples:
+            self.check_kv(sequence)
+            token = self.sample(sequence)
+            self.s.on_sampled(sequence, token)
+            self.output.setdefault(sequence.request_id, []).append(token)
+            if finish_at_max and sequence.generated >= sequence.max_tokens:
+                self.finish(sequence)
+        return plan
+
+    def finish(self, sequence: Sequence, *, keep_in_cache: bool = True) -> None:
+        self.s.remove(sequence, keep_in_cache=keep_in_cache)
+        self.finished.append(sequence)
+
+    def flush_ops(self) -> list[KvOp]:
+        ops = self.s.take_pending_ops()
+        self.kv.apply_ops(ops)
+        return ops
+
+    def run(self, max_steps: int = 1000) -> None:
+        for _ in range(max_steps):
+            if self.s.idle():
+                return
+            self.step()
+        raise AssertionError("the scheduler did not finish its work")
+
+    def check_kv(self, sequence: Sequence) -> None:
+        assert self.kv.seqs.get(sequence.seq_id, []) == sequence.kv_tokens
+        assert len(sequence.kv_tokens) == sequence.n_past
+
+    def check_cache(self) -> None:
+        for seq_id, entry in self.s.cache.items():
+            assert entry.seq_id == seq_id
+            assert self.kv.seqs.get(seq_id, []) == list(entry.tokens), "cache entry differs from the KV cells"
+
+    def check_invariants(self) -> None:
+        s = self.s
+        assert s.reserved_cells <= s.n_ctx
+        assert len(s.running) <= s.parallel
+        assert len(s.cache) <= s.cache_slots
+        used = [q.seq_id for q in s.running] + list(s.cache)
+        assert len(set(used)) == len(used), "a seq id is held twice"
+        assert all(0 <= i < s.n_seq_max for i in used)
+        free = list(s._free_seq_ids)
+        assert len(set(free)) == len(free), "a seq id is free twice"
+        assert sorted(free + used) == list(range(s.n_seq_max)), "a seq id was lost or duplicated"
+        for q in s.waiting:
+            assert q.phase is Phase.WAITING and q.seq_id == -1
+        for q in s.running:
+            assert q.phase in (Phase.PREFILL, Phase.DECODE)
+            assert len(q.kv_tokens) == q.n_past
+            assert q.kv_tokens[: min(q.n_past, len(q.prompt))] == q.prompt[: q.n_past]
+        # the KV model holds cells only for sequences that exist (after pending removals)
+        pending_removed = {op.seq_id for op in s._pending_ops if isinstance(op, KvRemove)}
+        for seq_id, cells in self.kv.seqs.items():
+            if cells and seq_id not in pending_removed:
+                assert seq_id in used, f"seq {seq_id} holds cells but belongs to nobody"
