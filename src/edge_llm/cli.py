@@ -52,12 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     return int(args.handler(args) or 0)
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def _configure_logging(level: str, fmt: str = "text") -> None:
+    from edge_llm.logs import configure_logging
+
+    configure_logging(level, fmt, sys.stderr)
 
 
 def _fail(message: str) -> int:
@@ -111,7 +109,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         first = exc.errors()[0]
         return _fail(f"invalid setting {'.'.join(map(str, first['loc']))}: {first['msg']}")
-    _configure_logging(settings.log_level)
+    _configure_logging(settings.log_level, settings.log_format)
 
     from edge_llm.models import ModelFileError, check_model_file
 
@@ -123,8 +121,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _run_server(settings: Settings) -> int:
-    import uvicorn
-
+    """Listens at once (/healthz 200, /readyz 503 "loading") while the engine thread loads the model."""
     from edge_llm.api.app import create_app
     from edge_llm.engine.worker import Engine
 
@@ -135,26 +132,18 @@ def _run_server(settings: Settings) -> int:
         parallel=settings.parallel,
         cache_slots=settings.cache_slots,
         queue_capacity=settings.queue_capacity,
+        request_timeout=settings.request_timeout,
+        keep_text=settings.log_prompts,
     )
-    logger.info("loading %s", settings.model)
-    engine.start()
-    engine.wait_loaded()
-    if engine.failure is not None:
-        return _fail(" ".join(str(engine.failure).split()))
-    app = create_app(settings, engine)
+    try:
+        app = create_app(settings, engine)
+    except ValueError as exc:
+        return _fail(str(exc))
     logger.info(
-        "serving %s on http://%s:%d (ctx %d, parallel %d, threads %d)",
+        "serving %s on http://%s:%d (ctx %d, parallel %d, threads %d); loading the model",
         settings.model_name, settings.host, settings.port, settings.ctx_size, settings.parallel, settings.threads,
     )
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_config=None,
-        access_log=False,
-        timeout_graceful_shutdown=5,
-    )
-    server = uvicorn.Server(config)
+    server = _graceful_server(app, settings)
     try:
         server.run()
     finally:
@@ -162,6 +151,50 @@ def _run_server(settings: Settings) -> int:
     if not server.started:
         return _fail(f"could not listen on {settings.host}:{settings.port} (is the port in use?)")
     return int(getattr(app.state, "exit_code", 0))
+
+
+def _graceful_server(app, settings: Settings):  # type: ignore[no-untyped-def]
+    """uvicorn's server, with SIGTERM/SIGINT handed to the app's drain (edge_llm.api.lifecycle)."""
+    import asyncio
+    import signal
+
+    import uvicorn
+
+    lifecycle = app.state.lifecycle
+
+    class GracefulServer(uvicorn.Server):
+        _loop: asyncio.AbstractEventLoop | None = None
+
+        async def serve(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
+            self._loop = asyncio.get_running_loop()
+            await super().serve(sockets)
+
+        def handle_exit(self, sig: int, frame) -> None:  # type: ignore[no-untyped-def]
+            # Not recorded in uvicorn's captured signals: it would re-raise them after shutdown and the
+            # process would end by the signal instead of with its exit code.
+            if self.should_exit or self._loop is None:
+                self.force_exit = self.should_exit
+                self.should_exit = True
+                return
+            self._loop.call_soon_threadsafe(lifecycle.shutdown, signal.Signals(sig).name)
+
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        http="h11",  # h11 bounds an incomplete request head (HeaderLimit checks complete ones)
+        h11_max_incomplete_event_size=2 * settings.max_header_bytes,
+        log_config=None,
+        access_log=False,  # edge_llm.access writes one line per request
+        timeout_graceful_shutdown=5,  # after the drain, for connections still closing
+    )
+    server = GracefulServer(config)
+
+    def request_exit() -> None:
+        server.should_exit = True
+
+    lifecycle.request_exit = request_exit
+    return server
 
 
 def _runner_factory(settings: Settings):  # type: ignore[no-untyped-def]

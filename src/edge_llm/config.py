@@ -10,12 +10,13 @@ import os
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -24,6 +25,10 @@ from pydantic_settings import (
 ENV_PREFIX = "EDGE_LLM_"
 DEFAULT_MODEL_PATH = Path("models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
 CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"
+
+
+# A list setting: a repeatable flag, a comma-separated environment variable, a TOML list or string.
+CommaList = Annotated[list[str], NoDecode]
 
 
 def _default_threads() -> int:
@@ -71,13 +76,75 @@ class Settings(BaseSettings):
     default_top_p: float = Field(0.9, gt=0.0, le=1.0, description="top_p when a request gives none.")
     default_max_tokens: int = Field(128, ge=1, description="max_tokens when a request gives none.")
 
+    # Security and exposure
+    api_key: CommaList = Field(
+        default_factory=list,
+        repr=False,
+        description="API key clients must send as `Authorization: Bearer KEY` (repeatable; the environment "
+        "variable takes a comma-separated list). Off when no key is set; /healthz and /readyz stay open.",
+    )
+    api_key_file: Path | None = Field(
+        None, description="File of API keys, one a line (blank lines and # comments ignored)."
+    )
+    allowed_hosts: CommaList = Field(
+        default_factory=list,
+        description="Extra Host header names accepted (comma list; * accepts any). Always accepted: localhost, "
+        "127.0.0.1, [::1], the bound address and this machine's name.",
+    )
+    cors_origins: CommaList = Field(
+        default_factory=list,
+        description="Browser origins allowed by CORS (comma list, e.g. http://localhost:5173; * allows any). "
+        "CORS is off by default.",
+    )
+
+    # Limits
+    max_prompt_tokens: int | None = Field(
+        None, ge=1, description="Largest prompt in tokens (longer gets 400 context_length_exceeded; default: the context)."
+    )
+    max_tokens_cap: int | None = Field(
+        None, ge=1, description="Most tokens one request may generate; larger max_tokens are capped (finish_reason length)."
+    )
+    request_timeout: float | None = Field(
+        None, gt=0, description="Seconds after which a generation ends with its partial output and "
+        "finish_reason \"timeout\" (default: no deadline)."
+    )
+    stream_idle_timeout: float = Field(
+        30.0, ge=0, description="Seconds a client may leave a response unread before it is disconnected and "
+        "its sequence freed (0 disables)."
+    )
+    max_header_bytes: int = Field(
+        16384, ge=1024, description="Most bytes of request headers; more get 431."
+    )
+    max_headers: int = Field(100, ge=8, description="Most request headers; more get 431.")
+
     # Operations
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Logging level.")
+    log_format: Literal["json", "text"] = Field("json", description="Log lines as JSON objects or as text.")
+    log_prompts: bool = Field(
+        False, description="Put prompts and outputs into the access log lines (off: they are never logged)."
+    )
+    drain_timeout: float = Field(
+        30.0, ge=0, description="On SIGTERM/SIGINT, seconds running requests get to finish before they are cancelled."
+    )
+    test_hooks: bool = Field(
+        False, description="TEST ONLY: enables POST /debug/kill-engine. Never enable it in production."
+    )
 
     @field_validator("model", mode="before")
     @classmethod
     def _expand_model_path(cls, value: Any) -> Any:
         return Path(value).expanduser() if isinstance(value, (str, Path)) else value
+
+    @field_validator("api_key", "allowed_hosts", "cors_origins", mode="before")
+    @classmethod
+    def _split_comma_list(cls, value: Any) -> Any:
+        if value is None:
+            return []
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, (list, tuple)):
+            return [part.strip() for item in value for part in str(item).split(",") if part.strip()]
+        return value
 
     @property
     def model_name(self) -> str:
@@ -125,10 +192,17 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
 def _argument_kwargs(name: str, info: FieldInfo) -> dict[str, Any]:
     annotation = _scalar_type(info.annotation)
     env = ENV_PREFIX + name.upper()
-    default = "cores available" if info.default_factory else info.default
+    if typing.get_origin(annotation) is Annotated:
+        annotation = typing.get_args(annotation)[0]
+    if info.default_factory is list:
+        default: Any = "none"
+    else:
+        default = "cores available" if info.default_factory else info.default
     help_text = f"{info.description} Env: {env}. Default: {default}."
     if typing.get_origin(annotation) is Literal:
         return {"choices": list(typing.get_args(annotation)), "help": help_text}
+    if typing.get_origin(annotation) is list:
+        return {"action": "append", "metavar": "TEXT", "help": help_text}
     if annotation is bool:
         return {"action": argparse.BooleanOptionalAction, "help": help_text}
     metavar = {int: "N", float: "X", Path: "PATH"}.get(annotation, "TEXT")

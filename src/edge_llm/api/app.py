@@ -1,35 +1,72 @@
-"""The app factory: routes, error handlers, middleware, and a lifespan that runs the engine thread."""
+"""The app factory: routes, error handlers, middleware, and a lifespan that runs the engine thread.
+
+Middleware, outermost first: RequestContext (request id, access log, metrics, send timeout; outside
+even Starlette's error middleware) → HeaderLimit → HostGuard → CORS (with --cors-origins) →
+ApiKeyAuth (with keys) → ShutdownGate → BodySizeLimit → routes.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp
 
 from edge_llm import __version__
 from edge_llm.api.errors import register_error_handlers
-from edge_llm.api.middleware import BodySizeLimit
+from edge_llm.api.lifecycle import Lifecycle
+from edge_llm.api.middleware import BodySizeLimit, HeaderLimit, RequestContext, ShutdownGate
 from edge_llm.api.protocol import ChatCompletionRequest, SimplePromptRequest
-from edge_llm.api.routes import router
+from edge_llm.api.routes import debug_router, router
+from edge_llm.api.security import ApiKeyAuth, HostGuard, load_api_keys, warn_if_exposed
 from edge_llm.api.serving import ChatService
+from edge_llm.api.telemetry import EngineTelemetry, RequestRecords
 from edge_llm.config import Settings
 from edge_llm.engine.worker import Engine
+from edge_llm.metrics import Metrics, ServerState
 
 logger = logging.getLogger(__name__)
 
+_FATAL_GRACE = 5.0  # seconds for in-flight requests to receive their error once the engine died
 
-def _terminate_process() -> None:
-    os.kill(os.getpid(), signal.SIGTERM)  # uvicorn's own handler then shuts down cleanly
+
+class EdgeApp(FastAPI):
+    """FastAPI with `RequestContext` wrapped around the whole middleware stack."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        state = self.state
+        return RequestContext(
+            super().build_middleware_stack(),
+            metrics=state.metrics,
+            records=state.records,
+            lifecycle=state.lifecycle,
+            routes=self.router.routes,
+            send_timeout=state.settings.stream_idle_timeout,
+            log_prompts=state.settings.log_prompts,
+            max_body_bytes=state.settings.max_body_bytes,
+        )
 
 
 def create_app(
-    settings: Settings, engine: Engine, *, on_fatal: Callable[[], None] = _terminate_process
+    settings: Settings, engine: Engine, *, on_fatal: Callable[[], None] | None = None
 ) -> FastAPI:
+    """`on_fatal` runs on the event loop when the engine thread dies (default: drain briefly, then exit).
+    Raises ValueError for an unusable API key file."""
+    api_keys = load_api_keys(settings)
+    metrics = Metrics()
+    records = RequestRecords()
+    lifecycle = Lifecycle(engine, settings.drain_timeout)
+    engine.observer = EngineTelemetry(metrics, records)
+    metrics.watch(engine.stats, lambda: ServerState(engine.alive, lifecycle.readiness()[0], lifecycle.draining,
+                                                    lifecycle.in_flight))
+
+    def fatal() -> None:
+        lifecycle.shutdown("the engine stopped", grace=_FATAL_GRACE)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loop = asyncio.get_running_loop()
@@ -39,23 +76,45 @@ def create_app(
             if error is not None and app.state.exit_code == 0:
                 app.state.exit_code = 1
                 logger.error("edge-llm: %s", _one_line(error))
-                loop.call_soon_threadsafe(on_fatal)
+                loop.call_soon_threadsafe(on_fatal or fatal)
 
         engine.set_exit_handler(engine_exited)
         engine.start()
+        warn_if_exposed(settings, api_keys)
         try:
             yield
         finally:
             await asyncio.to_thread(engine.stop)
             app.state.chat_service.close()
 
-    app = FastAPI(title="Edge LLM Engine", version=__version__, lifespan=lifespan)
+    app = EdgeApp(title="Edge LLM Engine", version=__version__, lifespan=lifespan)
     app.state.settings = settings
     app.state.engine = engine
+    app.state.metrics = metrics
+    app.state.records = records
+    app.state.lifecycle = lifecycle
     app.state.chat_service = ChatService(settings, engine)
     app.include_router(router)
+    if settings.test_hooks:
+        logger.warning("test hooks are on (POST /debug/kill-engine): never use --test-hooks in production")
+        app.include_router(debug_router)
     register_error_handlers(app)
+    # add_middleware puts each one outside the ones added before it.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(ShutdownGate, lifecycle=lifecycle)
+    if api_keys:
+        app.add_middleware(ApiKeyAuth, keys=api_keys)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type", "X-Request-Id"],
+            expose_headers=["X-Request-Id", "Retry-After"],
+        )
+    app.add_middleware(HostGuard, bind_host=settings.host, allowed_hosts=settings.allowed_hosts,
+                       cors_origins=settings.cors_origins)
+    app.add_middleware(HeaderLimit, max_headers=settings.max_headers, max_bytes=settings.max_header_bytes)
     _document_request_schemas(app)
     return app
 

@@ -1,10 +1,261 @@
-"""ASGI middleware that must see requests before FastAPI does."""
+"""ASGI middleware that must see requests before FastAPI does.
+
+`RequestContext` is the outermost layer (see `app.create_app`): request id, access line, HTTP
+metrics, in-flight accounting and the send timeout that disconnects clients who stop reading.
+The others refuse early: too many headers, shutting down, body too large.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from edge_llm.api.errors import APIError
+from edge_llm.api.lifecycle import Lifecycle
+from edge_llm.api.telemetry import RequestRecord, RequestRecords
+from edge_llm.logs import bind_request_id, new_request_id, sane_request_id, unbind_request_id
+from edge_llm.metrics import Metrics
+
+logger = logging.getLogger(__name__)
+access_logger = logging.getLogger("edge_llm.access")
+
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})  # no key, no Host check: probes must always reach them
+QUIET_PATHS = OPEN_PATHS | {"/metrics"}  # not "in flight", served while draining, access line at debug level
+
+# Error codes that count as a rejection, and under which reason.
+_REJECTION_BY_CODE = {
+    "invalid_api_key": "auth",
+    "host_not_allowed": "host_not_allowed",
+    "origin_not_allowed": "origin_not_allowed",
+    "request_too_large": "body_too_large",
+    "request_headers_too_large": "headers_too_large",
+    "context_length_exceeded": "context_too_long",
+    "queue_full": "queue_full",
+    "shutting_down": "shutting_down",
+    "engine_unavailable": "engine_unavailable",
+}
+_MAX_ERROR_BODY = 16384
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def _error_code(body: bytes) -> str | None:
+    try:
+        error = json.loads(body)["error"]
+        return str(error["code"]) if error.get("code") else None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _abort_connection(send: Send) -> None:
+    """Best effort: uvicorn's `send` is a method of its request cycle, which holds the transport.
+    Aborting (not closing) drops the unsent buffer, so a client that never reads cannot hold it."""
+    transport = getattr(getattr(send, "__self__", None), "transport", None)
+    abort = getattr(transport, "abort", None)
+    if callable(abort):
+        abort()
+
+
+class RequestContext:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        metrics: Metrics,
+        records: RequestRecords,
+        lifecycle: Lifecycle,
+        routes: Sequence[BaseRoute],
+        send_timeout: float,
+        log_prompts: bool,
+        max_body_bytes: int,
+    ) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.records = records
+        self.lifecycle = lifecycle
+        self.routes = routes
+        self.send_timeout = send_timeout
+        self.log_prompts = log_prompts
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        record = self.records.open(
+            sane_request_id(_header(scope, b"x-request-id")) or new_request_id(),
+            scope["method"], scope["path"], time.monotonic(),
+        )
+        token = bind_request_id(record.request_id)
+        counted = scope["path"] not in QUIET_PATHS
+        if counted:
+            self.lifecycle.in_flight += 1
+        id_header = (b"x-request-id", record.request_id.encode())
+        error_body: bytearray | None = None
+        request_body: bytearray | None = bytearray() if self.log_prompts and counted else None
+        send_timeout = self.send_timeout
+
+        async def receive_and_keep() -> Message:
+            message = await receive()
+            if request_body is not None and message["type"] == "http.request":
+                if len(request_body) <= self.max_body_bytes:
+                    request_body.extend(message.get("body", b""))
+            return message
+
+        async def send_and_watch(message: Message) -> None:
+            nonlocal error_body
+            if message["type"] == "http.response.start":
+                record.status = message["status"]
+                headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != b"x-request-id"]
+                headers.append(id_header)
+                message = {**message, "headers": headers}
+                if record.status >= 400:
+                    error_body = bytearray()
+            elif message["type"] == "http.response.body":
+                if error_body is not None and len(error_body) < _MAX_ERROR_BODY:
+                    error_body.extend(message.get("body", b""))
+                if send_timeout > 0:
+                    try:
+                        with anyio.fail_after(send_timeout):
+                            await send(message)
+                    except TimeoutError:
+                        record.idle_timeout = True
+                        self.metrics.idle_disconnects.inc()
+                        logger.warning("the client read nothing for %.0f s; closing the connection", send_timeout)
+                        _abort_connection(send)
+                        raise
+                    return
+            await send(message)
+
+        try:
+            await self.app(scope, receive_and_keep if request_body is not None else receive, send_and_watch)
+        except BaseException:
+            if not record.status:
+                record.status = 500
+            raise
+        finally:
+            if counted:
+                self.lifecycle.in_flight -= 1
+            self.records.close(record)
+            if error_body:
+                record.error_code = record.error_code or _error_code(bytes(error_body))
+            try:
+                self._account(scope, record, request_body)
+            finally:
+                unbind_request_id(token)
+
+    def _route(self, scope: Scope) -> str:
+        route = scope.get("route")
+        if route is None:  # refused before routing: find the route it was meant for
+            for candidate in self.routes:
+                if candidate.matches(scope)[0] is not Match.NONE:
+                    route = candidate
+                    break
+        return getattr(route, "path", None) or "unmatched"
+
+    def _account(self, scope: Scope, record: RequestRecord, request_body: bytearray | None) -> None:
+        duration = time.monotonic() - record.started
+        route = self._route(scope)
+        metrics = self.metrics
+        metrics.http_requests.labels(route, record.method, str(record.status)).inc()
+        metrics.http_duration.labels(route).observe(duration)
+        reason = _REJECTION_BY_CODE.get(record.error_code or "") if record.status >= 400 else None
+        if reason is not None:
+            metrics.rejections.labels(reason).inc()
+
+        fields: dict[str, Any] = {
+            "method": record.method,
+            "path": record.path,
+            "status": record.status,
+            "duration_ms": round(duration * 1000, 1),
+        }
+        client = scope.get("client")
+        if client:
+            fields["client"] = client[0]
+        if record.prompt_tokens is not None:
+            fields.update(prompt_tokens=record.prompt_tokens, completion_tokens=record.completion_tokens,
+                          cached_tokens=record.cached_tokens)
+        if record.first_token_at:
+            fields["ttft_ms"] = round((record.first_token_at - record.started) * 1000, 1)
+        if record.finish_reason:
+            fields["finish_reason"] = record.finish_reason
+        if record.error_code:
+            fields["error_code"] = record.error_code
+        if record.idle_timeout:
+            fields["idle_timeout"] = True
+        if request_body is not None:
+            fields["prompt"] = _prompt_of(bytes(request_body))
+            fields["output"] = record.output
+        level = logging.DEBUG if record.path in QUIET_PATHS else logging.INFO
+        access_logger.log(level, "%s %s %d", record.method, record.path, record.status, extra=fields)
+
+
+def _prompt_of(body: bytes) -> Any:
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return body[:4096].decode("utf-8", "replace")
+    if isinstance(parsed, dict):
+        return parsed.get("messages", parsed.get("prompt"))
+    return None
+
+
+class HeaderLimit:
+    """More than `max_headers` request headers, or more than `max_bytes` of them, → 431.
+
+    The HTTP parser (h11) also refuses a head that grows past twice `max_bytes` while still
+    incomplete, with a plain 400, so a slow client cannot make the server buffer an endless head.
+    """
+
+    def __init__(self, app: ASGIApp, max_headers: int, max_bytes: int) -> None:
+        self.app = app
+        self.max_headers = max_headers
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = scope["headers"]
+            message = None
+            if len(headers) > self.max_headers:
+                message = f"The request has {len(headers)} headers; at most {self.max_headers} are accepted"
+            else:
+                size = sum(len(k) + len(v) + 4 for k, v in headers)  # "name: value\r\n"
+                if size > self.max_bytes:
+                    message = f"The request headers take {size} bytes; at most {self.max_bytes} are accepted"
+            if message is not None:
+                error = APIError(431, message, code="request_headers_too_large", error_type="invalid_request_error",
+                                 headers={"connection": "close"})
+                await error.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class ShutdownGate:
+    """While draining for shutdown, new requests get 503 `shutting_down` (probes and metrics still answer)."""
+
+    def __init__(self, app: ASGIApp, lifecycle: Lifecycle) -> None:
+        self.app = app
+        self.lifecycle = lifecycle
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.lifecycle.draining and scope["path"] not in QUIET_PATHS:
+            error = APIError(503, "The server is shutting down", code="shutting_down",
+                             headers={"retry-after": "5", "connection": "close"})
+            await error.response()(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 class _BodyTooLarge(Exception):

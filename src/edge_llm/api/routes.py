@@ -55,21 +55,35 @@ async def get_model(model_id: str, request: Request) -> ModelCard:
     return service.list_models().data[0]
 
 
-@router.get("/healthz")
+@router.get("/healthz", summary="Liveness: 200 while the process and the engine thread are alive")
 async def healthz(request: Request) -> JSONResponse:
     engine = request.app.state.engine
     if engine.alive:
         return JSONResponse({"status": "ok", "model_loaded": engine.runner is not None})
-    return JSONResponse({"status": "engine_dead"}, status_code=503)
+    return JSONResponse({"status": "engine_dead" if engine.failure else "stopped"}, status_code=503)
 
 
-@router.get("/readyz")
+@router.get("/readyz", summary="Readiness: 200 when loaded and accepting work, else 503 with the reason")
 async def readyz(request: Request) -> JSONResponse:
-    engine = request.app.state.engine
-    if engine.ready:
-        return JSONResponse({"status": "ready"})
-    return JSONResponse({"status": "loading" if engine.alive else "unavailable"}, status_code=503)
+    ready, status = request.app.state.lifecycle.readiness()
+    return JSONResponse({"status": status}, status_code=200 if ready else 503)
+
+
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+async def metrics(request: Request) -> Response:
+    body, content_type = request.app.state.metrics.exposition()
+    return Response(body, media_type=content_type)
+
+
+# Included only with --test-hooks (EDGE_LLM_TEST_HOOKS=1): never in production.
+debug_router = APIRouter(include_in_schema=False)
+
+
+@debug_router.post("/debug/kill-engine")
+async def kill_engine(request: Request) -> JSONResponse:
+    request.app.state.engine.kill_for_test()
+    return JSONResponse({"status": "killing the engine thread"}, status_code=202)
 
 
 # The OpenAPI document lists the request schemas even though the route reads the body itself.
-__all__ = ["router", "ChatCompletionRequest"]
+__all__ = ["router", "debug_router", "ChatCompletionRequest"]

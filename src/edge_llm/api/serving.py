@@ -6,7 +6,6 @@ import asyncio
 import json
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
 from edge_llm.api.errors import APIError, from_engine_error, from_pydantic, invalid_request
+from edge_llm.api.limits import cap_max_tokens, check_prompt_tokens
 from edge_llm.api.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -39,6 +39,7 @@ from edge_llm.config import Settings
 from edge_llm.engine.channel import ReplyChannel
 from edge_llm.engine.types import EngineError, Failed, Finished, GenerationRequest, TextDelta, Usage
 from edge_llm.engine.worker import Engine
+from edge_llm.logs import current_request_id, new_request_id
 from edge_llm.prompt import PromptBuilder
 
 logger = logging.getLogger(__name__)
@@ -199,6 +200,7 @@ class ChatService:
             prompt = await loop.run_in_executor(self._tokenizer_pool, self._build_prompt, messages)
         except TemplateError as exc:
             raise from_engine_error(exc) from None
+        check_prompt_tokens(self.settings, len(prompt))
         limit = self.context_limit
         if len(prompt) >= limit:
             raise invalid_request(
@@ -208,9 +210,9 @@ class ChatService:
                 code="context_length_exceeded",
             )
         return GenerationRequest(
-            request_id=uuid.uuid4().hex,
+            request_id=current_request_id() or new_request_id(),  # the middleware's id
             prompt_tokens=prompt,
-            max_tokens=min(max_tokens, limit - len(prompt)),
+            max_tokens=min(cap_max_tokens(self.settings, max_tokens), limit - len(prompt)),
             sampling=sampling,
             stop=stop,
         )

@@ -10,6 +10,7 @@ class FinishReason(str, enum.Enum):
     STOP = "stop"  # end-of-generation token or a stop string
     LENGTH = "length"  # max_tokens or the context ran out
     CANCELLED = "cancelled"  # the client went away
+    TIMEOUT = "timeout"  # --request-timeout passed; the output so far is kept
 
 
 @dataclass(frozen=True)

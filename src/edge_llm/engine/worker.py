@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from edge_llm.engine.channel import ReplyChannel
-from edge_llm.engine.scheduler import KvOp, Scheduler, Sequence, StepPlan
+from edge_llm.engine.hooks import EngineObserver
+from edge_llm.engine.scheduler import KvOp, Phase, Scheduler, Sequence, StepPlan
 from edge_llm.engine.text import OutputText
 from edge_llm.engine.types import (
     EngineUnavailableError,
@@ -60,6 +61,9 @@ class _Active:
     output: OutputText = field(default_factory=OutputText)
     admitted_at: float = 0.0
     first_token_at: float = 0.0
+    last_token_at: float = 0.0
+    deadline: float = float("inf")
+    text_parts: list[str] | None = None  # the output, kept only for --log-prompts
 
 
 @dataclass(frozen=True)
@@ -81,8 +85,14 @@ class Engine:
         parallel: int,
         cache_slots: int,
         queue_capacity: int,
+        request_timeout: float | None = None,
+        observer: EngineObserver | None = None,
+        keep_text: bool = False,
     ) -> None:
         self._runner_factory = runner_factory
+        self.request_timeout = request_timeout
+        self.observer = observer
+        self._keep_text = keep_text
         self._scheduler = Scheduler(n_ctx=n_ctx, batch_size=batch_size, parallel=parallel, cache_slots=cache_slots)
         self.queue_capacity = queue_capacity
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
@@ -135,18 +145,34 @@ class Engine:
             if len(self._waiting_ids) >= self.queue_capacity:
                 raise QueueFullError(f"the request queue is full ({self.queue_capacity} waiting)")
             self._waiting_ids.add(request.request_id)
-        self._inbox.put(("submit", _Active(request, channel, time.monotonic())))
+        active = _Active(request, channel, time.monotonic())
+        if self.request_timeout is not None:
+            active.deadline = active.submitted_at + self.request_timeout
+        self._inbox.put(("submit", active))
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))
 
+    def kill_for_test(self) -> None:
+        """Test hook: makes the engine thread die as if llama.cpp had failed."""
+        self._inbox.put(("crash", None))
+
     def stats(self) -> EngineStats:
+        """A snapshot read from another thread while the engine thread may be changing it."""
         scheduler = self._scheduler
+        for _ in range(5):
+            try:
+                reserved = scheduler.reserved_cells
+                break
+            except RuntimeError:  # the prefix cache changed while it was being summed
+                continue
+        else:
+            reserved = -1
         return EngineStats(
             waiting=len(self._waiting_ids),
             running=len(scheduler.running),
             cached_sequences=len(scheduler.cache),
-            kv_cells_reserved=scheduler.reserved_cells,
+            kv_cells_reserved=reserved,
             kv_cells_total=scheduler.n_ctx,
         )
 
@@ -154,6 +180,7 @@ class Engine:
 
     def _main(self) -> None:
         error: BaseException | None = None
+        started = time.monotonic()
         try:
             self.runner = self._runner_factory()
         except BaseException as exc:  # noqa: BLE001 - reported to the owner, who exits
@@ -161,12 +188,16 @@ class Engine:
         finally:
             self._loaded.set()
         if error is None:
+            logger.info("model loaded in %.1f s", time.monotonic() - started)
             try:
                 self._loop()
             except BaseException as exc:  # noqa: BLE001
                 logger.exception("engine thread died")
                 error = exc
-            self._fail_everything("the inference engine stopped unexpectedly" if error else "the server is shutting down")
+            if error is not None:
+                self._fail_everything("the inference engine stopped unexpectedly", "engine_unavailable")
+            else:
+                self._fail_everything("the server is shutting down", "shutting_down")
             self.runner.close()
         self.failure = error
         self._stopped = True
@@ -178,13 +209,19 @@ class Engine:
         while True:
             if not self._drain_inbox(block=scheduler.idle()):
                 return
+            if self.request_timeout is not None and self._active:
+                self._expire(time.monotonic())
             plan = scheduler.step()
             now = time.monotonic()
+            observer = self.observer
             for sequence in plan.admitted:
                 active = self._active[sequence.request_id]
                 active.admitted_at = now
                 with self._lock:
                     self._waiting_ids.discard(sequence.request_id)
+                if observer is not None:
+                    observer.request_admitted(sequence.request_id, now - active.submitted_at, len(sequence.prompt),
+                                              sequence.cached_tokens)
             self.runner.apply_kv_ops(plan.kv_ops)
             if plan.empty:
                 continue
@@ -208,6 +245,8 @@ class Engine:
                 self._cancel(payload)
             elif command == "stop":
                 return False
+            elif command == "crash":
+                raise RuntimeError("the engine thread was killed by the test hook")
 
     def _admit_request(self, active: _Active) -> None:
         request = active.request
@@ -220,6 +259,8 @@ class Engine:
             return
         active.sampler = self.runner.new_sampler(request.sampling)
         active.output = OutputText(request.stop)
+        if self._keep_text:
+            active.text_parts = []
         self._active[request.request_id] = active
 
     def _cancel(self, request_id: str) -> None:
@@ -227,8 +268,23 @@ class Engine:
             self._waiting_ids.discard(request_id)
         active = self._active.get(request_id)
         if active is not None:
-            logger.debug("request %s cancelled in phase %s", request_id, active.sequence.phase.value)
+            logger.debug("request cancelled in phase %s", _phase_name(active.sequence),
+                         extra={"request_id": request_id})
             self._finish(active, FinishReason.CANCELLED)
+
+    def _expire(self, now: float) -> None:
+        """Ends requests past their deadline. All share one timeout, so `_active` (in submission
+        order) has the earliest deadline first and the check is O(1) while nothing expires."""
+        while self._active:
+            active = next(iter(self._active.values()))
+            if active.deadline > now:
+                return
+            request_id = active.request.request_id
+            with self._lock:
+                self._waiting_ids.discard(request_id)
+            logger.info("request timed out after %.1f s in phase %s", now - active.submitted_at,
+                        _phase_name(active.sequence), extra={"request_id": request_id})
+            self._finish(active, FinishReason.TIMEOUT)
 
     def _decode(self, plan: StepPlan) -> None:
         try:
@@ -242,8 +298,15 @@ class Engine:
 
     def _on_token(self, active: _Active, token: int) -> None:
         sequence = active.sequence
+        now = time.monotonic()
+        observer = self.observer
         if not active.first_token_at:
-            active.first_token_at = time.monotonic()
+            active.first_token_at = now
+            if observer is not None:
+                observer.first_token(active.request.request_id, now, now - active.submitted_at)
+        elif observer is not None:
+            observer.token_gap(now - active.last_token_at)
+        active.last_token_at = now
         if self.runner.is_end_of_generation(token):
             self._finish(active, FinishReason.STOP)
             return
@@ -251,6 +314,8 @@ class Engine:
         text = active.output.feed(self.runner.piece(token))
         if text:
             active.channel.send(TextDelta(text, sequence.generated))
+            if active.text_parts is not None:
+                active.text_parts.append(text)
         if active.output.stopped:
             self._finish(active, FinishReason.STOP)
         elif sequence.generated >= sequence.max_tokens:
@@ -258,6 +323,7 @@ class Engine:
 
     def _finish(self, active: _Active, reason: FinishReason) -> None:
         sequence = active.sequence
+        phase = _phase_name(sequence)
         del self._active[active.request.request_id]
         self._scheduler.remove(sequence, keep_in_cache=True)
         if active.sampler is not None:
@@ -266,6 +332,8 @@ class Engine:
             tail = active.output.finish()
             if tail:
                 active.channel.send(TextDelta(tail, sequence.generated))
+                if active.text_parts is not None:
+                    active.text_parts.append(tail)
         now = time.monotonic()
         first = active.first_token_at or now
         admitted = active.admitted_at or now
@@ -275,13 +343,13 @@ class Engine:
             "decode_ms": round((now - first) * 1000, 2),
         }
         usage = Usage(len(sequence.prompt), sequence.generated, sequence.cached_tokens)
+        if self.observer is not None:  # before Finished, so the HTTP side sees the record complete
+            text = "".join(active.text_parts) if active.text_parts is not None else None
+            self.observer.request_finished(active.request.request_id, reason, usage, phase, text)
         active.channel.send(Finished(reason, usage, timings))
 
-    def _fail_everything(self, message: str) -> None:
-        for active in list(self._active.values()):
-            active.channel.send(Failed(message, code="engine_unavailable"))
-            if active.sampler is not None:
-                active.sampler.close()
+    def _fail_everything(self, message: str, code: str) -> None:
+        failed: list[_Active] = list(self._active.values())
         self._active.clear()
         while True:  # requests submitted but never seen by the loop
             try:
@@ -289,6 +357,19 @@ class Engine:
             except queue.Empty:
                 break
             if command == "submit":
-                payload.channel.send(Failed(message, code="engine_unavailable"))
+                failed.append(payload)
+        for active in failed:
+            if self.observer is not None:
+                self.observer.request_failed(active.request.request_id, code)
+            active.channel.send(Failed(message, code=code))
+            if active.sampler is not None:
+                active.sampler.close()
         with self._lock:
             self._waiting_ids.clear()
+
+
+def _phase_name(sequence: Sequence | None) -> str:
+    """The phase as the metrics name it: queued, prefill or decode."""
+    if sequence is None or sequence.phase is Phase.WAITING:
+        return "queued"
+    return sequence.phase.value

@@ -1,0 +1,187 @@
+"""Exposure controls: API keys, the Host check (DNS-rebinding defence) and the Origin check.
+
+/healthz and /readyz stay open to probes: they need no key and skip the Host check.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+import socket
+from urllib.parse import urlsplit
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from edge_llm.api.errors import APIError
+from edge_llm.api.middleware import OPEN_PATHS
+from edge_llm.config import Settings
+
+logger = logging.getLogger(__name__)
+
+_WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def _client(scope: Scope) -> str | None:
+    client = scope.get("client")
+    return client[0] if client else None
+
+
+# ---- API keys -----------------------------------------------------------------------------
+
+
+def load_api_keys(settings: Settings) -> list[str]:
+    """`--api-key` values plus the lines of `--api-key-file`. A key file without keys is an error,
+    not a silently open server."""
+    keys = list(settings.api_key)
+    if settings.api_key_file is not None:
+        path = settings.api_key_file.expanduser()
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise ValueError(f"cannot read the API key file {path}: {exc.strerror or exc}") from None
+        from_file = [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
+        if not from_file:
+            raise ValueError(f"the API key file {path} holds no keys")
+        keys.extend(from_file)
+    return list(dict.fromkeys(keys))
+
+
+class ApiKeyAuth:
+    """Every route but the probes needs `Authorization: Bearer <key>`; keys compared in constant time."""
+
+    def __init__(self, app: ASGIApp, keys: list[str]) -> None:
+        self.app = app
+        self._keys = [key.encode() for key in keys]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        problem = self._check(_header(scope, b"authorization"))
+        if problem is None:
+            await self.app(scope, receive, send)
+            return
+        logger.warning("authentication failed: %s", problem, extra={"client": _client(scope), "path": scope["path"]})
+        message = (
+            "Incorrect API key provided" if problem == "wrong key"
+            else "Missing API key: send it as 'Authorization: Bearer <key>'"
+        )
+        error = APIError(401, message, code="invalid_api_key", error_type="authentication_error",
+                         headers={"www-authenticate": "Bearer"})
+        await error.response()(scope, receive, send)
+
+    def _check(self, header: str | None) -> str | None:
+        if header is None:
+            return "missing key"
+        scheme, _, token = header.strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            return "malformed Authorization header"
+        given = token.encode("latin-1", "replace")
+        matched = False
+        for key in self._keys:  # no early exit: the time does not depend on which key matched
+            matched |= hmac.compare_digest(given, key)
+        return None if matched else "wrong key"
+
+
+# ---- Host and Origin -------------------------------------------------------------------------
+
+
+def _hostname(authority: str) -> str | None:
+    """The host part of a Host header or an origin's authority, lower-case, without port or brackets."""
+    try:
+        name = urlsplit("//" + authority.strip()).hostname
+    except ValueError:
+        return None
+    return name.rstrip(".") if name else None
+
+
+def own_host_names(bind_host: str) -> set[str]:
+    names = {"localhost", "127.0.0.1", "::1"}
+    if bind_host.lower() not in _WILDCARD_HOSTS:
+        names.add(bind_host.strip("[]").lower())
+    try:
+        hostname = socket.gethostname()
+        names.update({hostname.lower(), socket.getfqdn().lower()})
+        if bind_host in _WILDCARD_HOSTS:  # listening everywhere: this machine's addresses too
+            names.update(str(info[4][0]).lower() for info in socket.getaddrinfo(hostname, None))
+    except OSError:
+        pass
+    return names
+
+
+class HostGuard:
+    """Refuses (403) a Host header naming anything but this server, and a browser Origin that is neither
+    this server itself (same origin) nor listed in `--cors-origins`."""
+
+    def __init__(self, app: ASGIApp, *, bind_host: str, allowed_hosts: list[str], cors_origins: list[str]) -> None:
+        self.app = app
+        self.any_host = "*" in allowed_hosts
+        self.host_names = own_host_names(bind_host) | {
+            name for name in (_hostname(h) for h in allowed_hosts if h != "*") if name
+        }
+        self.any_origin = "*" in cors_origins
+        self.origins = {origin.rstrip("/").lower() for origin in cors_origins}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        host = _header(scope, b"host")
+        if host is not None and not self.host_allowed(host):
+            logger.warning("refused Host header %r", host[:200], extra={"client": _client(scope)})
+            await self._refuse(scope, receive, send, f"The Host '{host[:200]}' is not served here (see --allowed-hosts)",
+                               "host_not_allowed")
+            return
+        origin = _header(scope, b"origin")
+        if origin is not None and not self.origin_allowed(origin, host):
+            logger.warning("refused Origin %r", origin[:200], extra={"client": _client(scope)})
+            await self._refuse(scope, receive, send, f"The origin '{origin[:200]}' is not allowed (see --cors-origins)",
+                               "origin_not_allowed")
+            return
+        await self.app(scope, receive, send)
+
+    def host_allowed(self, host: str) -> bool:
+        if self.any_host:
+            return True
+        name = _hostname(host)
+        return name is not None and name in self.host_names
+
+    def origin_allowed(self, origin: str, host: str | None) -> bool:
+        origin = origin.strip().rstrip("/").lower()
+        if self.any_origin or origin in self.origins:
+            return True
+        # Same origin: a page served by this very server (scheme://<the Host it was asked by>).
+        parts = urlsplit(origin)
+        return bool(host) and parts.scheme in ("http", "https") and parts.netloc == host.strip().lower()
+
+    @staticmethod
+    async def _refuse(scope: Scope, receive: Receive, send: Send, message: str, code: str) -> None:
+        error = APIError(403, message, code=code, error_type="permission_error")
+        await error.response()(scope, receive, send)
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def warn_if_exposed(settings: Settings, keys: list[str]) -> None:
+    if not keys and not is_loopback(settings.host):
+        logger.warning(
+            "listening on %s without an API key: anyone who can reach this address can use the model. "
+            "Set --api-key / --api-key-file (or EDGE_LLM_API_KEY), or bind to 127.0.0.1.",
+            settings.host,
+        )
