@@ -99,6 +99,12 @@ class Driver:
             assert entry.seq_id == seq_id
             assert self.kv.seqs.get(seq_id, []) == list(entry.tokens), "cache entry differs from the KV cells"
 
+    def check_coherent(self) -> None:
+        """Every running sequence and cache entry holds exactly the cells the scheduler believes."""
+        for q in self.s.running:
+            self.check_kv(q)
+        self.check_cache()
+
     def check_invariants(self) -> None:
         s = self.s
         assert s.reserved_cells <= s.n_ctx
