@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
+import numpy as np
+from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from edge_llm.engine.scheduler import KvCopy, KvOp, KvRemove, StepPlan
-from edge_llm.engine.types import OutOfCellsError, SamplingParams
+from edge_llm.engine.types import OutOfCellsError, SamplingParams, TokenLogprob
 
 logger = logging.getLogger(__name__)
 _llama_logger = logging.getLogger("edge_llm.llama_cpp")
@@ -40,6 +42,22 @@ llama_cpp.llama_backend_init()
 
 class ModelLoadError(RuntimeError):
     pass
+
+
+class GrammarError(ValueError):
+    """A grammar (or the JSON schema it came from) that llama.cpp cannot use."""
+
+
+def json_schema_to_grammar(schema: dict) -> str:
+    """GBNF for a JSON schema, via llama-cpp-python's converter (pure Python)."""
+    import json
+
+    try:
+        return json_schema_to_gbnf(json.dumps(schema))
+    except RecursionError:
+        raise GrammarError("the JSON schema is nested too deeply") from None
+    except Exception as exc:  # the converter raises assorted errors for schemas it cannot handle
+        raise GrammarError(f"the JSON schema cannot be turned into a grammar: {exc}") from None
 
 
 class DecodeError(RuntimeError):
@@ -240,6 +258,12 @@ class LlamaRunner:
     def new_sampler(self, params: SamplingParams) -> Sampler:
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         add = llama_cpp.llama_sampler_chain_add
+        if params.grammar is not None:
+            grammar = self._grammar_sampler(params.grammar)
+            if grammar is None:
+                llama_cpp.llama_sampler_free(chain)
+                raise GrammarError("llama.cpp rejected the grammar")
+            add(chain, grammar)
         if params.logit_bias:
             biases = (llama_cpp.llama_logit_bias * len(params.logit_bias))()
             for i, (token, bias) in enumerate(params.logit_bias):
@@ -267,8 +291,32 @@ class LlamaRunner:
             add(chain, llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
         return Sampler(chain)
 
+    def _grammar_sampler(self, grammar: str) -> llama_cpp.llama_sampler_p | None:
+        handle = llama_cpp.llama_sampler_init_grammar(self._vocab, grammar.encode("utf-8"), b"root")
+        return handle or None
+
+    def check_grammar(self, grammar: str) -> None:
+        """Compiles a grammar once and throws it away (vocabulary only: safe off the engine thread)."""
+        handle = self._grammar_sampler(grammar)
+        if handle is None:
+            raise GrammarError("llama.cpp rejected the grammar")
+        llama_cpp.llama_sampler_free(handle)
+
     def sample(self, sampler: Sampler, batch_index: int) -> int:
         return int(llama_cpp.llama_sampler_sample(sampler._handle, self._ctx, batch_index))
+
+    def logprobs(self, batch_index: int, token: int, top_n: int) -> TokenLogprob:
+        """The model's log-probability of `token` and of its `top_n` likeliest alternatives (raw logits)."""
+        pointer = llama_cpp.llama_get_logits_ith(self._ctx, batch_index)
+        logits = np.ctypeslib.as_array(pointer, shape=(self._n_vocab,))
+        peak = float(logits.max())
+        log_total = peak + float(np.log(np.exp(logits - peak).sum()))
+        top: tuple[tuple[int, bytes, float], ...] = ()
+        if top_n > 0:
+            best = np.argpartition(logits, -top_n)[-top_n:]
+            best = best[np.argsort(logits[best])[::-1]]
+            top = tuple((int(t), self.piece(int(t)), float(logits[t]) - log_total) for t in best)
+        return TokenLogprob(token, self.piece(token), float(logits[token]) - log_total, top)
 
     def close(self) -> None:
         if self._ctx:

@@ -37,6 +37,14 @@ class Sequence:
     generated: int = 0
     pending_token: int | None = None  # sampled, not yet decoded
     kv_tokens: list[int] = field(default_factory=list)  # the tokens at positions 0..n_past-1
+    # A follower shares its first `shared` prompt positions with a running `leader` still prefilling
+    # them; it copies them (KvCopy) once the leader has, instead of computing them twice.
+    leader: Sequence | None = None
+    shared: int = 0
+
+    def known_tokens(self) -> list[int]:
+        """The tokens this sequence's KV holds or will hold once its prompt is prefilled."""
+        return self.prompt if self.phase is Phase.PREFILL else self.kv_tokens
 
     @property
     def reserved(self) -> int:
@@ -85,6 +93,9 @@ class StepPlan:
         self.seq_ids.append(seq_id)
         self.logits.append(want_logits)
         return len(self.tokens) - 1
+
+
+MIN_SHARED_PREFIX = 8  # shorter common prefixes with running sequences are not worth waiting for
 
 
 class RequestTooLargeError(ValueError):
@@ -152,6 +163,7 @@ class Scheduler:
         if sequence not in self.running:
             return
         self.running.remove(sequence)
+        self._release_followers(sequence)
         if keep_in_cache and self.cache_slots > 0 and sequence.n_past > 0:
             self._insert_cache_entry(CacheEntry(sequence.seq_id, tuple(sequence.kv_tokens)))
         else:
@@ -167,6 +179,9 @@ class Scheduler:
         """Admit what fits, then lay out the next batch: decode tokens first, then prompt chunks."""
         plan = StepPlan()
         plan.admitted = self._admit()
+        for sequence in self.running:
+            if sequence.leader is not None and sequence.leader.n_past >= sequence.shared:
+                self._copy_from_leader(sequence)
         plan.kv_ops, self._pending_ops = self._pending_ops, []
         for sequence in self.running:
             if sequence.phase is Phase.DECODE and sequence.pending_token is not None:
@@ -180,7 +195,7 @@ class Scheduler:
         for sequence in self.running:
             if room <= 0:
                 break
-            if sequence.phase is not Phase.PREFILL:
+            if sequence.phase is not Phase.PREFILL or sequence.leader is not None:
                 continue
             chunk = sequence.prompt[sequence.n_past : sequence.n_past + room]
             for offset, token in enumerate(chunk):
@@ -215,7 +230,12 @@ class Scheduler:
             self.waiting.popleft()
             head.seq_id = self._free_seq_ids.pop(0)
             head.phase = Phase.PREFILL
-            if match is not None:
+            lead = self._best_running_prefix(head.prompt)
+            if lead is not None and (match is None or lead[1] > match[1]):
+                head.leader, head.shared = lead
+                if head.leader.n_past >= head.shared:
+                    self._copy_from_leader(head)
+            elif match is not None:
                 entry, length = match
                 self._pending_ops.append(KvCopy(entry.seq_id, head.seq_id, length))
                 self.cache.move_to_end(entry.seq_id)
@@ -233,6 +253,31 @@ class Scheduler:
             if length > 0 and (best is None or length > best[1]):
                 best = (entry, length)
         return best
+
+    def _best_running_prefix(self, prompt: list[int]) -> tuple[Sequence, int] | None:
+        best: tuple[Sequence, int] | None = None
+        for sequence in self.running:
+            length = min(common_prefix_length(sequence.known_tokens(), prompt), len(prompt) - 1)
+            if length >= MIN_SHARED_PREFIX and (best is None or length > best[1]):
+                best = (sequence, length)
+        return best
+
+    def _copy_from_leader(self, follower: Sequence) -> None:
+        leader, length = follower.leader, follower.shared
+        assert leader is not None
+        self._pending_ops.append(KvCopy(leader.seq_id, follower.seq_id, length))
+        follower.kv_tokens = list(follower.prompt[:length])
+        follower.n_past = follower.cached_tokens = length
+        follower.leader = None
+
+    def _release_followers(self, leader: Sequence) -> None:
+        """A leader leaves: followers take what it has computed, or prefill by themselves."""
+        for sequence in self.running:
+            if sequence.leader is leader:
+                if leader.n_past >= sequence.shared:
+                    self._copy_from_leader(sequence)
+                else:
+                    sequence.leader = None
 
     def _make_room(self, cells: int, protect: tuple[CacheEntry, int] | None) -> bool:
         """Evicts least-recently-used cache entries until `cells` and a sequence id are free."""

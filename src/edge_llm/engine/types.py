@@ -24,6 +24,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repeat_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    grammar: str | None = None  # GBNF with a `root` rule; constrains every sampled token
 
     @property
     def greedy(self) -> bool:
@@ -37,6 +38,7 @@ class GenerationRequest:
     max_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
+    logprobs: int | None = None  # None: off; k: the chosen token's logprob and the k likeliest
 
 
 @dataclass(frozen=True)
@@ -54,9 +56,18 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    token: int
+    piece: bytes
+    logprob: float
+    top: tuple[tuple[int, bytes, float], ...] = ()  # (token, piece, logprob), likeliest first
+
+
+@dataclass(frozen=True)
 class TextDelta:
     text: str
     token_count: int  # tokens generated so far
+    logprobs: tuple[TokenLogprob, ...] = ()  # the tokens behind this text, when asked for
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from edge_llm.engine.types import (
     QueueFullError,
     SamplingParams,
     TextDelta,
+    TokenLogprob,
     Usage,
 )
 
@@ -64,6 +65,7 @@ class _Active:
     last_token_at: float = 0.0
     deadline: float = float("inf")
     text_parts: list[str] | None = None  # the output, kept only for --log-prompts
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)  # tokens whose text is held back
 
 
 @dataclass(frozen=True)
@@ -229,7 +231,12 @@ class Engine:
             for sequence, batch_index in plan.samples:
                 active = self._active.get(sequence.request_id)
                 if active is not None:
-                    self._on_token(active, self.runner.sample(active.sampler, batch_index))
+                    token = self.runner.sample(active.sampler, batch_index)
+                    if active.request.logprobs is not None:
+                        active.pending_logprobs.append(
+                            self.runner.logprobs(batch_index, token, active.request.logprobs)
+                        )
+                    self._on_token(active, token)
 
     def _drain_inbox(self, *, block: bool) -> bool:
         """Handles every queued command; waits for one if there is nothing to do. False means stop."""
@@ -313,13 +320,21 @@ class Engine:
         self._scheduler.on_sampled(sequence, token)
         text = active.output.feed(self.runner.piece(token))
         if text:
-            active.channel.send(TextDelta(text, sequence.generated))
+            active.channel.send(TextDelta(text, sequence.generated, self._take_logprobs(active)))
             if active.text_parts is not None:
                 active.text_parts.append(text)
         if active.output.stopped:
             self._finish(active, FinishReason.STOP)
         elif sequence.generated >= sequence.max_tokens:
             self._finish(active, FinishReason.LENGTH)
+
+    @staticmethod
+    def _take_logprobs(active: _Active) -> tuple[TokenLogprob, ...]:
+        if not active.pending_logprobs:
+            return ()
+        taken = tuple(active.pending_logprobs)
+        active.pending_logprobs.clear()
+        return taken
 
     def _finish(self, active: _Active, reason: FinishReason) -> None:
         sequence = active.sequence
@@ -331,7 +346,7 @@ class Engine:
         if reason is not FinishReason.CANCELLED:
             tail = active.output.finish()
             if tail:
-                active.channel.send(TextDelta(tail, sequence.generated))
+                active.channel.send(TextDelta(tail, sequence.generated, self._take_logprobs(active)))
                 if active.text_parts is not None:
                     active.text_parts.append(tail)
         now = time.monotonic()
