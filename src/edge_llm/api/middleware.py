@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -68,6 +70,26 @@ def _abort_connection(send: Send) -> None:
         abort()
 
 
+_STREAM_UNSENT_BYTES = 4096
+
+
+def _bound_stream_buffering(send: Send) -> None:
+    """Best effort, for event streams: keep at most ~4 KB unsent in the kernel (TCP_NOTSENT_LOWAT)
+    and in the transport, so tokens are not queued behind megabytes of buffer and a client that
+    stops reading blocks `send` soon (and meets the send timeout) instead of after minutes."""
+    transport = getattr(getattr(send, "__self__", None), "transport", None)
+    if transport is None:
+        return
+    try:
+        transport.set_write_buffer_limits(high=_STREAM_UNSENT_BYTES)
+        sock = transport.get_extra_info("socket")
+        lowat = getattr(socket, "TCP_NOTSENT_LOWAT", 25)  # 25 on Linux, where Python may not name it
+        if sock is not None and sys.platform.startswith("linux"):
+            sock.setsockopt(socket.IPPROTO_TCP, lowat, _STREAM_UNSENT_BYTES)
+    except (AttributeError, OSError, ValueError):
+        pass
+
+
 class RequestContext:
     def __init__(
         self,
@@ -123,6 +145,9 @@ class RequestContext:
                 message = {**message, "headers": headers}
                 if record.status >= 400:
                     error_body = bytearray()
+                elif send_timeout > 0 and any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
+                                              for k, v in headers):
+                    _bound_stream_buffering(send)
             elif message["type"] == "http.response.body":
                 if error_body is not None and len(error_body) < _MAX_ERROR_BODY:
                     error_body.extend(message.get("body", b""))
