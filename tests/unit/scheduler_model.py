@@ -90,14 +90,23 @@ class Driver:
             self.step()
         raise AssertionError("the scheduler did not finish its work")
 
+    def kv_after_pending_ops(self) -> dict[int, list[int]]:
+        """The KV cells as the next decode will find them: ops the scheduler has queued
+        (removals, copies for followers) are applied before it."""
+        future = KvModel(self.kv.n_seq_max)
+        future.seqs = {seq_id: list(cells) for seq_id, cells in self.kv.seqs.items()}
+        future.apply_ops(list(self.s._pending_ops))
+        return future.seqs
+
     def check_kv(self, sequence: Sequence) -> None:
-        assert self.kv.seqs.get(sequence.seq_id, []) == sequence.kv_tokens
+        assert self.kv_after_pending_ops().get(sequence.seq_id, []) == sequence.kv_tokens
         assert len(sequence.kv_tokens) == sequence.n_past
 
     def check_cache(self) -> None:
+        cells = self.kv_after_pending_ops()
         for seq_id, entry in self.s.cache.items():
             assert entry.seq_id == seq_id
-            assert self.kv.seqs.get(seq_id, []) == list(entry.tokens), "cache entry differs from the KV cells"
+            assert cells.get(seq_id, []) == list(entry.tokens), "cache entry differs from the KV cells"
 
     def check_coherent(self) -> None:
         """Every running sequence and cache entry holds exactly the cells the scheduler believes."""

@@ -162,7 +162,7 @@ def test_sse_carriage_returns_come_back_as_newlines(text: str) -> None:
 
 # ---- scheduler ----------------------------------------------------------------------------------
 
-BASES = ([], [1, 2, 3, 1, 2, 3], [2, 2, 2, 2], [1, 2, 3, 1, 3])
+BASES = ([], [1, 2, 3, 1, 2, 3], [2, 2, 2, 2], [1, 2, 3, 1, 3], [3, 1, 3, 1, 2, 2, 1, 3, 2, 1])
 prompts = st.tuples(st.sampled_from(BASES), st.lists(st.integers(1, 3), min_size=1, max_size=8)).map(
     lambda parts: parts[0] + parts[1]
 )  # shared beginnings, so that the prefix cache gets used
@@ -239,6 +239,8 @@ def test_scheduler_invariants_over_random_operations(config, ops) -> None:
                     event("prefix copied")
                 if blocked and s.waiting and s.waiting[0] not in plan.admitted:
                     event("head waits for KV budget")
+                if any(q.leader is not None for q in s.running):
+                    event("follower waits for its leader")
                 d.check_invariants()
                 d.check_coherent()
         elif kind == "cancel":
@@ -285,7 +287,7 @@ def test_scheduler_invariants_over_random_operations(config, ops) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(configs, st.lists(st.tuples(st.lists(st.integers(1, 3), min_size=1, max_size=12), st.integers(1, 8)), min_size=1, max_size=12))
+@given(configs, st.lists(st.tuples(prompts, st.integers(1, 8)), min_size=1, max_size=12))
 def test_scheduler_completes_every_request_with_exactly_max_tokens(config, requests) -> None:
     s = Scheduler(**config)
     d = Driver(s, sample=sample_token)
@@ -309,6 +311,7 @@ def test_scheduler_completes_every_request_with_exactly_max_tokens(config, reque
         events.update(["copy"] * sum(isinstance(o, KvCopy) for o in plan.kv_ops))
         events.update(["remove"] * sum(isinstance(o, KvRemove) for o in plan.kv_ops))
         events.update(["chunked"] * any(q.n_past < len(q.prompt) for q in s.running))
+        events.update(["follower"] * any(q.leader is not None for q in s.running))
     assert s.idle()
     assert admitted_order == seqs, "admission is FIFO"
     for q in seqs:

@@ -65,7 +65,7 @@ def test_chat_explicit_values_override_defaults() -> None:
         ("presence_penalty", [-2, 2], [-2.1, 2.1]),
         ("frequency_penalty", [-2, 0, 2], [3]),
         ("repeat_penalty", [0.5, 10], [0, 10.5]),
-        ("n", [1], [0, 2]),
+        ("n", [1], [0, -1, 1000]),
     ],
 )
 def test_chat_ranges(field: str, good: list, bad: list) -> None:
@@ -141,11 +141,9 @@ def test_developer_role_maps_to_system_and_parts_are_joined() -> None:
             ]
         }
     )
-    assert request.to_messages() == [
-        {"role": "system", "content": "rules"},
-        {"role": "user", "content": "ab"},
-        {"role": "assistant", "content": "c"},
-    ]
+    messages = request.to_messages()
+    assert [(m["role"], m["content"]) for m in messages] == [("system", "rules"), ("user", "ab"), ("assistant", "c")]
+    assert request.messages[0].role == "developer"  # the request itself is unchanged
 
 
 def test_stream_options() -> None:
