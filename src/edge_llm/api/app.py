@@ -20,7 +20,13 @@ from edge_llm import __version__
 from edge_llm.api.errors import register_error_handlers
 from edge_llm.api.lifecycle import Lifecycle
 from edge_llm.api.middleware import BodySizeLimit, HeaderLimit, RequestContext, ShutdownGate
-from edge_llm.api.protocol import ChatCompletionRequest, SimplePromptRequest
+from edge_llm.api.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    SimplePromptRequest,
+    TokenizeRequest,
+)
 from edge_llm.api.routes import debug_router, router
 from edge_llm.api.security import ApiKeyAuth, HostGuard, load_api_keys, warn_if_exposed
 from edge_llm.api.serving import ChatService
@@ -130,7 +136,8 @@ def _document_request_schemas(app: FastAPI) -> None:
         if app.openapi_schema is None:
             schema = original()
             components = schema.setdefault("components", {}).setdefault("schemas", {})
-            for model in (ChatCompletionRequest, SimplePromptRequest):
+            for model in (ChatCompletionRequest, SimplePromptRequest, CompletionRequest, TokenizeRequest,
+                          DetokenizeRequest):
                 definition = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 components.update(definition.pop("$defs", {}))
                 components[model.__name__] = definition

@@ -5,7 +5,14 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from edge_llm.api.protocol import ChatCompletion, ChatCompletionRequest, ErrorResponse, ModelCard, ModelList
+from edge_llm.api.protocol import (
+    ChatCompletion,
+    ChatCompletionRequest,
+    Completion,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+)
 from edge_llm.api.serving import ChatService
 
 router = APIRouter()
@@ -41,6 +48,47 @@ def _service(request: Request) -> ChatService:
 )
 async def chat_completions(request: Request) -> Response:
     return await _service(request).chat_completions(request)
+
+
+_COMPLETION_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/CompletionRequest"}}},
+    }
+}
+
+
+@router.post(
+    "/v1/completions",
+    response_model=Completion,
+    responses={**_ERRORS, 200: {"content": {"text/event-stream": {}}}},
+    openapi_extra=_COMPLETION_BODY,
+    summary="Legacy text completion: the prompt is raw text (no chat template)",
+)
+async def completions(request: Request) -> Response:
+    return await _service(request).completions(request)
+
+
+@router.post(
+    "/tokenize",
+    responses=_ERRORS,
+    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"$ref": "#/components/schemas/TokenizeRequest"}}}}},
+    summary="Text → token ids with the loaded model's vocabulary",
+)
+async def tokenize(request: Request) -> Response:
+    return await _service(request).tokenize(request)
+
+
+@router.post(
+    "/detokenize",
+    responses=_ERRORS,
+    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"$ref": "#/components/schemas/DetokenizeRequest"}}}}},
+    summary="Token ids → text",
+)
+async def detokenize(request: Request) -> Response:
+    return await _service(request).detokenize(request)
 
 
 @router.get("/v1/models", response_model=ModelList)
