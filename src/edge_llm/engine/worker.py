@@ -196,11 +196,16 @@ class Engine:
             except BaseException as exc:  # noqa: BLE001
                 logger.exception("engine thread died")
                 error = exc
-            if error is not None:
-                self._fail_everything("the inference engine stopped unexpectedly", "engine_unavailable")
-            else:
-                self._fail_everything("the server is shutting down", "shutting_down")
+            # Not ready from here on (submit refuses), before anyone waiting hears why.
+            self.failure = error
+            self._stopped = True
+            message, code = (
+                ("the inference engine stopped unexpectedly", "engine_unavailable") if error is not None
+                else ("the server is shutting down", "shutting_down")
+            )
+            self._fail_everything(message, code)
             self.runner.close()
+            self._fail_everything(message, code)  # a submit that raced with the first sweep
         self.failure = error
         self._stopped = True
         if self._on_exit is not None:
