@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from typing import Any, TextIO
 
 _request_id: ContextVar[str | None] = ContextVar("edge_llm_request_id", default=None)
-_SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
+_SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:@+=-]{1,128}")  # no "/": the engine uses "<id>/<choice>" for n>1
 
 # Attributes every LogRecord has; anything else on a record came from `extra=`.
 _RECORD_ATTRIBUTES = frozenset(logging.makeLogRecord({}).__dict__) | {

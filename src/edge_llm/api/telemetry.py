@@ -29,7 +29,7 @@ class RequestRecord:
     completion_tokens: int | None = None
     finish_reason: str | None = None
     prompt: Any = None  # only with --log-prompts
-    output: str | None = None  # only with --log-prompts
+    output: str | list[str | None] | None = None  # only with --log-prompts (a list when n > 1)
     idle_timeout: bool = False
 
 
@@ -52,7 +52,11 @@ class RequestRecords:
         self._records.pop(record.request_id, None)
 
     def get(self, request_id: str) -> RequestRecord | None:
-        return self._records.get(request_id)
+        """By the engine's request id: the HTTP request's id, or "<id>/<choice>" when n > 1."""
+        record = self._records.get(request_id)
+        if record is None and "/" in request_id:
+            record = self._records.get(request_id.partition("/")[0])
+        return record
 
 
 class EngineTelemetry:
@@ -73,7 +77,7 @@ class EngineTelemetry:
     def first_token(self, request_id: str, at: float, since_submit: float) -> None:
         self._metrics.ttft.observe(since_submit)
         record = self._records.get(request_id)
-        if record is not None:
+        if record is not None and not record.first_token_at:  # the first of its choices
             record.first_token_at = at
 
     def token_gap(self, seconds: float) -> None:
@@ -89,12 +93,21 @@ class EngineTelemetry:
         if reason is FinishReason.CANCELLED:
             metrics.cancellations.labels(phase).inc()
         record = self._records.get(request_id)
-        if record is not None:
+        if record is None:
+            return
+        if record.completion_tokens is None:
             record.prompt_tokens = usage.prompt_tokens
             record.cached_tokens = usage.cached_tokens
             record.completion_tokens = usage.completion_tokens
             record.finish_reason = reason.value
             record.output = text
+        else:  # another choice of the same request (n > 1): tokens add up, the prompt counts once
+            record.completion_tokens += usage.completion_tokens
+            reasons = (record.finish_reason or "").split(",")
+            if reason.value not in reasons:
+                record.finish_reason = ",".join([*reasons, reason.value])
+            if text is not None:
+                record.output = [*(record.output if isinstance(record.output, list) else [record.output]), text]
 
     def request_failed(self, request_id: str, code: str) -> None:
         self._metrics.finished.labels("error").inc()

@@ -1,0 +1,87 @@
+"""Settings: flags > environment > config file > defaults, list settings, secrets kept out of repr."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from edge_llm.cli import build_parser
+from edge_llm.config import CONFIG_FILE_ENV, Settings, settings_from_args
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("EDGE_LLM_"):
+            monkeypatch.delenv(name)
+
+
+def settings(*argv: str) -> Settings:
+    return settings_from_args(build_parser().parse_args(["serve", *argv]))
+
+
+def test_precedence_flags_over_env_over_file_over_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "edge-llm.toml"
+    config.write_text("port = 4001\nparallel = 3\nqueue_capacity = 7\ndrain_timeout = 12.5\nlog_format = \"text\"\n")
+    monkeypatch.setenv(CONFIG_FILE_ENV, "")  # settings_from_args sets it; monkeypatch restores it afterwards
+    monkeypatch.setenv("EDGE_LLM_PARALLEL", "5")
+    monkeypatch.setenv("EDGE_LLM_QUEUE_CAPACITY", "9")
+    result = settings("--config", str(config), "--queue-capacity", "11")
+    assert result.queue_capacity == 11  # flag beats env and file
+    assert result.parallel == 5  # env beats file
+    assert result.port == 4001 and result.drain_timeout == 12.5 and result.log_format == "text"  # file beats default
+    assert result.ctx_size == 8192  # default
+
+
+def test_config_file_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "edge-llm.toml"
+    config.write_text("request_timeout = 90\nmax_tokens_cap = 256\n")
+    monkeypatch.setenv(CONFIG_FILE_ENV, str(config))
+    result = settings()
+    assert result.request_timeout == 90 and result.max_tokens_cap == 256
+
+
+def test_an_unknown_key_in_the_file_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "edge-llm.toml"
+    config.write_text("no_such_setting = 1\n")
+    monkeypatch.setenv(CONFIG_FILE_ENV, "")
+    with pytest.raises(Exception, match="no_such_setting"):
+        settings("--config", str(config))
+
+
+def test_list_settings_from_flags_env_and_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert settings("--api-key", "a", "--api-key", "b,c").api_key == ["a", "b", "c"]
+    monkeypatch.setenv("EDGE_LLM_API_KEY", " k1 , k2 ,")
+    monkeypatch.setenv("EDGE_LLM_CORS_ORIGINS", "http://a.example,http://b.example")
+    from_env = settings()
+    assert from_env.api_key == ["k1", "k2"]
+    assert from_env.cors_origins == ["http://a.example", "http://b.example"]
+    config = tmp_path / "c.toml"
+    config.write_text('allowed_hosts = ["x.example", "y.example"]\ncors_origins = "*"\n')
+    monkeypatch.setenv(CONFIG_FILE_ENV, str(config))
+    monkeypatch.delenv("EDGE_LLM_CORS_ORIGINS")  # the environment would win over the file
+    from_file = settings()
+    assert from_file.allowed_hosts == ["x.example", "y.example"] and from_file.cors_origins == ["*"]
+
+
+def test_defaults_of_the_operations_settings() -> None:
+    result = settings()
+    assert result.api_key == [] and result.api_key_file is None
+    assert result.allowed_hosts == [] and result.cors_origins == []
+    assert result.log_format == "json" and result.log_prompts is False and result.test_hooks is False
+    assert result.drain_timeout == 30 and result.request_timeout is None and result.stream_idle_timeout == 30
+    assert result.max_prompt_tokens is None and result.max_tokens_cap is None
+
+
+def test_api_keys_stay_out_of_repr() -> None:
+    assert "secret-key" not in repr(settings("--api-key", "secret-key"))
+
+
+def test_every_setting_is_a_flag_with_its_environment_variable() -> None:
+    help_text = build_parser()._subparsers._group_actions[0].choices["serve"].format_help()  # type: ignore[union-attr]
+    for name in Settings.model_fields:
+        assert "--" + name.replace("_", "-") in help_text
+        assert "EDGE_LLM_" + name.upper() in help_text.replace("\n", "").replace(" ", "")

@@ -1,0 +1,235 @@
+"""The engine's operations hooks with a fake runner: deadlines, the observer, the kill hook, stop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+from edge_llm.engine.channel import ReplyChannel
+from edge_llm.engine.scheduler import StepPlan
+from edge_llm.engine.types import (
+    EngineEvent,
+    Failed,
+    Finished,
+    FinishReason,
+    GenerationRequest,
+    SamplingParams,
+    TextDelta,
+    Usage,
+)
+from edge_llm.engine.worker import Engine
+
+
+class _Sampler:
+    def close(self) -> None:
+        pass
+
+
+class SlowRunner:
+    """Every decode takes `step` seconds; every sample is token 1 ("a"); nothing ever ends by itself."""
+
+    def __init__(self, step: float = 0.01) -> None:
+        self.step = step
+
+    def decode(self, plan: StepPlan) -> None:
+        time.sleep(self.step)
+
+    def new_sampler(self, params: SamplingParams) -> _Sampler:
+        return _Sampler()
+
+    def sample(self, sampler: Any, batch_index: int) -> int:
+        return 1
+
+    def piece(self, token: int) -> bytes:
+        return b"a"
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return False
+
+    def apply_kv_ops(self, ops: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class Recorder:
+    """An EngineObserver that writes everything down (on the engine thread)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def _add(self, name: str, *args: Any) -> None:
+        with self.lock:
+            self.calls.append((name, args))
+
+    def request_admitted(self, request_id: str, queue_wait: float, prompt_tokens: int, cached_tokens: int) -> None:
+        self._add("admitted", request_id, prompt_tokens, cached_tokens)
+
+    def first_token(self, request_id: str, at: float, since_submit: float) -> None:
+        self._add("first_token", request_id)
+
+    def token_gap(self, seconds: float) -> None:
+        self._add("gap", seconds)
+
+    def request_finished(self, request_id: str, reason: FinishReason, usage: Usage, phase: str,
+                         text: str | None) -> None:
+        self._add("finished", request_id, reason, usage.completion_tokens, phase, text)
+
+    def request_failed(self, request_id: str, code: str) -> None:
+        self._add("failed", request_id, code)
+
+    def named(self, name: str) -> list[tuple[Any, ...]]:
+        with self.lock:
+            return [args for call, args in self.calls if call == name]
+
+
+def make_engine(*, request_timeout: float | None = None, parallel: int = 2, keep_text: bool = False,
+                step: float = 0.01) -> tuple[Engine, Recorder]:
+    recorder = Recorder()
+    engine = Engine(lambda: SlowRunner(step), n_ctx=4096, batch_size=64, parallel=parallel, cache_slots=0,
+                    queue_capacity=8, request_timeout=request_timeout, observer=recorder, keep_text=keep_text)
+    engine.start()
+    assert engine.wait_loaded(5)
+    return engine, recorder
+
+
+def request(request_id: str, max_tokens: int = 3000) -> GenerationRequest:
+    return GenerationRequest(request_id, [5, 6, 7], max_tokens)
+
+
+async def first_event(channel: ReplyChannel) -> EngineEvent:
+    async def read() -> EngineEvent:
+        async for event in channel:
+            return event
+        raise AssertionError("no event")
+
+    return await asyncio.wait_for(read(), 5)
+
+
+async def collect(channel: ReplyChannel, limit: float = 10) -> list[EngineEvent]:
+    events: list[EngineEvent] = []
+
+    async def read() -> None:
+        async for event in channel:
+            events.append(event)
+
+    await asyncio.wait_for(read(), limit)
+    return events
+
+
+def test_a_request_past_its_deadline_ends_with_timeout_and_keeps_its_output() -> None:
+    engine, recorder = make_engine(request_timeout=0.3, keep_text=True)
+
+    async def run() -> list[EngineEvent]:
+        channel = ReplyChannel()
+        engine.submit(request("late"), channel)
+        return await collect(channel)
+
+    try:
+        started = time.monotonic()
+        events = asyncio.run(run())
+        assert time.monotonic() - started < 3
+    finally:
+        engine.stop()
+    finished = events[-1]
+    assert isinstance(finished, Finished) and finished.reason is FinishReason.TIMEOUT
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    assert text and finished.usage.completion_tokens == len(text)
+    assert recorder.named("admitted") == [("late", 3, 0)]
+    assert recorder.named("first_token") == [("late",)]
+    assert len(recorder.named("gap")) == finished.usage.completion_tokens - 1
+    assert recorder.named("finished") == [("late", FinishReason.TIMEOUT, len(text), "decode", text)]
+
+
+def test_without_a_timeout_nothing_expires() -> None:
+    engine, recorder = make_engine()
+
+    async def run() -> list[EngineEvent]:
+        channel = ReplyChannel()
+        engine.submit(request("bounded", max_tokens=20), channel)
+        return await collect(channel)
+
+    try:
+        events = asyncio.run(run())
+    finally:
+        engine.stop()
+    assert isinstance(events[-1], Finished) and events[-1].reason is FinishReason.LENGTH
+    assert recorder.named("finished")[0][4] is None  # keep_text is off: no output kept
+
+
+def test_cancellations_report_their_phase() -> None:
+    engine, recorder = make_engine(parallel=1)
+
+    async def run() -> None:
+        running, waiting = ReplyChannel(), ReplyChannel()
+        engine.submit(request("running"), running)
+        assert isinstance(await first_event(running), TextDelta)
+        engine.submit(request("waiting"), waiting)
+        engine.abort("waiting")
+        assert isinstance((await collect(waiting))[-1], Finished)
+        engine.abort("running")
+        assert (await collect(running))[-1].reason is FinishReason.CANCELLED
+
+    try:
+        asyncio.run(run())
+    finally:
+        engine.stop()
+    phases = {args[0]: (args[1], args[3]) for args in recorder.named("finished")}
+    assert phases == {"waiting": (FinishReason.CANCELLED, "queued"), "running": (FinishReason.CANCELLED, "decode")}
+
+
+def test_the_kill_hook_fails_requests_and_reports_the_error() -> None:
+    engine, recorder = make_engine()
+    exited: list[BaseException | None] = []
+    engine.set_exit_handler(exited.append)
+
+    async def run() -> list[EngineEvent]:
+        channel = ReplyChannel()
+        engine.submit(request("victim"), channel)
+        assert isinstance(await first_event(channel), TextDelta)
+        engine.kill_for_test()
+        return await collect(channel)
+
+    events = asyncio.run(run())
+    engine.stop()
+    assert isinstance(events[-1], Failed) and events[-1].code == "engine_unavailable"
+    assert recorder.named("failed") == [("victim", "engine_unavailable")]
+    assert not engine.alive and not engine.ready
+    assert len(exited) == 1 and "test hook" in str(exited[0])
+
+
+def test_stop_fails_what_is_left_as_shutting_down() -> None:
+    engine, recorder = make_engine()
+
+    async def run() -> list[EngineEvent]:
+        channel = ReplyChannel()
+        engine.submit(request("left"), channel)
+        assert isinstance(await first_event(channel), TextDelta)
+        await asyncio.to_thread(engine.stop)
+        return await collect(channel)
+
+    events = asyncio.run(run())
+    assert isinstance(events[-1], Failed) and events[-1].code == "shutting_down"
+    assert engine.failure is None
+
+
+def test_stats_is_safe_to_read_while_the_engine_runs() -> None:
+    engine, _ = make_engine(step=0.001)
+
+    async def run() -> None:
+        channel = ReplyChannel()
+        engine.submit(request("busy", max_tokens=300), channel)
+        for _ in range(200):
+            stats = engine.stats()
+            assert stats.kv_cells_total == 4096 and stats.kv_cells_reserved >= 0
+            await asyncio.sleep(0)
+        await collect(channel)
+
+    try:
+        asyncio.run(run())
+    finally:
+        engine.stop()
