@@ -3,7 +3,8 @@
 The KV model applies every op and every batch the scheduler hands out, and checks that they are
 coherent: a decode position is always the next free position of its sequence, a copy only
 copies positions its source really holds into an empty sequence, and a sequence's tokens are
-the ones the scheduler believes (`kv_tokens`, cache entries).
+the ones the scheduler believes (`kv_tokens`, cache entries). The driver also checks the layout of
+every batch (`Driver.check_plan`): decode tokens first, prompt chunks never holding a prompt's last token.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class Driver:
     def step(self, *, finish_at_max: bool = True) -> StepPlan:
         plan = self.s.step()
         self.plans.append(plan)
+        self.check_plan(plan)
         self.kv.apply_ops(plan.kv_ops)
         if not plan.empty:
             self.kv.decode(plan, self.s.batch_size)
@@ -73,6 +75,30 @@ class Driver:
             if finish_at_max and sequence.generated >= sequence.max_tokens:
                 self.finish(sequence)
         return plan
+
+    def check_plan(self, plan: StepPlan) -> None:
+        """The layout of a batch, checked right after `Scheduler.step` (before anything finishes).
+
+        The decode part comes first: one token per sample, each with logits, at the sequence's newest
+        position, which is a generated token's or the prompt's last (position len(prompt)-1, never part
+        of a prefill chunk). Then prompt chunks without logits, all within prompt[:-1].
+        """
+        owners = {q.seq_id: q for q in self.s.running}
+        n_decode = len(plan.samples)
+        assert [index for _, index in plan.samples] == list(range(n_decode)), "decode tokens first, one sample each"
+        n_prefill = len(plan.tokens) - n_decode
+        assert plan.logits == [True] * n_decode + [False] * n_prefill, "logits only for decode tokens"
+        assert len({q.seq_id for q, _ in plan.samples}) == n_decode
+        for sequence, index in plan.samples:
+            assert plan.seq_ids[index] == sequence.seq_id
+            assert plan.positions[index] == sequence.n_past - 1 >= len(sequence.prompt) - 1
+            if plan.positions[index] == len(sequence.prompt) - 1:
+                assert plan.tokens[index] == sequence.prompt[-1]
+        for token, position, seq_id in list(zip(plan.tokens, plan.positions, plan.seq_ids))[n_decode:]:
+            prompt = owners[seq_id].prompt
+            assert position < len(prompt) - 1, "a prefill chunk holds the prompt's last token"
+            assert token == prompt[position]
+        assert plan.prefilled_tokens == n_prefill
 
     def finish(self, sequence: Sequence, *, keep_in_cache: bool = True) -> None:
         self.s.remove(sequence, keep_in_cache=keep_in_cache)
@@ -129,6 +155,11 @@ class Driver:
             assert q.phase is Phase.WAITING and q.seq_id == -1
         for q in s.running:
             assert q.phase in (Phase.PREFILL, Phase.DECODE)
+            # the prompt's last token is decoded in the same step the sequence turns to DECODE
+            if q.phase is Phase.PREFILL:
+                assert q.n_past < len(q.prompt) and q.pending_token is None
+            else:
+                assert q.n_past >= len(q.prompt) and q.leader is None
             assert len(q.kv_tokens) == q.n_past
             assert q.kv_tokens[: min(q.n_past, len(q.prompt))] == q.prompt[: q.n_past]
         # the KV model holds cells only for sequences that exist (after pending removals)

@@ -395,7 +395,7 @@ def test_abort_during_prefill_frees_the_sequence(make_engine) -> None:
     engine = make_engine(runner, batch_size=4, parallel=1, cache_slots=0)
 
     async def main():
-        a = submit(engine, request("a", 1, prompt=list(range(1, 13))))  # 3 chunks of 4
+        a = submit(engine, request("a", 1, prompt=list(range(1, 13))))  # prompt[:-1]: chunks of 4, 4, 3
         runner.wait_blocked(1)
         seq_id = engine._scheduler.running[0].seq_id
         engine.abort("a")
@@ -420,8 +420,11 @@ def test_abort_during_decode_frees_the_sequence(make_engine) -> None:
 
     async def main():
         a = submit(engine, request("a", 1, max_tokens=40))
-        runner.allow(3)
-        runner.wait_blocked(4)  # prefill + 2 decode steps done, the 4th decode waits
+        runner.allow(4)
+        # prefill of prompt[:-1], the last prompt token's decode (first sample) and 2 more decode steps done,
+        # the 5th decode waits
+        runner.wait_blocked(5)
+        assert [len(p.samples) for p in runner.plans] == [0, 1, 1, 1]
         seq_id = engine._scheduler.running[0].seq_id
         engine.abort("a")
         runner.allow(1)

@@ -117,25 +117,33 @@ def test_reserved_cells_never_exceed_context() -> None:
 
 def test_long_prompt_is_prefilled_in_batch_size_chunks() -> None:
     d = make(batch_size=8, parallel=2)
-    prompt = list(range(100, 120))  # 20 tokens
+    prompt = list(range(100, 120))  # 20 tokens: 19 are prefilled, the last one is decoded
     a = d.s.add("a", prompt, 3)
     plans = [d.step(finish_at_max=False) for _ in range(3)]
-    assert [len(p.tokens) for p in plans] == [8, 8, 4]
-    assert [p.prefilled_tokens for p in plans] == [8, 8, 4]
-    assert sum((p.tokens for p in plans), []) == prompt
-    assert sum((p.positions for p in plans), []) == list(range(20))
-    # logits only on the very last prompt token
-    assert [p.logits for p in plans[:2]] == [[False] * 8, [False] * 8]
-    assert plans[2].logits == [False, False, False, True]
-    assert plans[0].samples == [] and plans[1].samples == []
-    assert plans[2].samples == [(a, 3)]
+    assert [len(p.tokens) for p in plans] == [8, 8, 3]
+    assert [p.prefilled_tokens for p in plans] == [8, 8, 3]
+    assert sum((p.tokens for p in plans), []) == prompt[:-1]
+    assert sum((p.positions for p in plans), []) == list(range(19))
+    # no logits and no sample anywhere in the prefill
+    assert [p.logits for p in plans] == [[False] * 8, [False] * 8, [False] * 3]
+    assert all(p.samples == [] for p in plans)
+    assert a.phase is Phase.PREFILL and a.n_past == 19
+    # the next step decodes the last prompt token on its own: the first sample point
+    plan = d.step(finish_at_max=False)
+    assert (plan.tokens, plan.positions, plan.logits) == ([119], [19], [True])
+    assert plan.prefilled_tokens == 0
+    assert plan.samples == [(a, 0)]
     assert a.phase is Phase.DECODE and a.n_past == 20
 
 
 def test_decode_token_follows_the_prompt_at_the_next_position() -> None:
     d = make(batch_size=16)
     a = d.s.add("a", [5, 6, 7], 3)
-    d.step()
+    plan = d.step()
+    assert plan.tokens == [5, 6] and plan.samples == []  # prefill of prompt[:-1]
+    assert a.pending_token is None and a.generated == 0
+    plan = d.step()
+    assert (plan.tokens, plan.positions, plan.logits) == ([7], [2], [True])  # the last prompt token
     assert a.pending_token == 1000 and a.generated == 1  # sampled, decoded in the next step
     plan = d.step()
     assert plan.tokens == [1000]
@@ -151,16 +159,20 @@ def test_decode_token_follows_the_prompt_at_the_next_position() -> None:
 
 def test_no_decode_token_for_a_sequence_that_has_not_been_sampled() -> None:
     s = Scheduler(n_ctx=100, batch_size=16, parallel=2, cache_slots=0)
-    s.add("a", [1, 2], 5)
+    a = s.add("a", [1, 2, 3], 5)
     plan = s.step()
-    assert len(plan.tokens) == 2
+    assert plan.tokens == [1, 2] and plan.samples == []
+    plan = s.step()
+    assert plan.tokens == [3] and plan.samples == [(a, 0)]  # the prompt's last token needs no sample
     assert s.step().empty  # nothing sampled yet: nothing to decode
 
 
 def test_decode_tokens_come_first_and_are_never_starved_by_a_prefill() -> None:
     d = make(batch_size=8, parallel=3)
     a = d.s.add("a", [1, 2], 30)
-    d.step(finish_at_max=False)  # a prefilled and sampled
+    d.step(finish_at_max=False)  # a prefilled
+    d.step(finish_at_max=False)  # a's last prompt token decoded and sampled
+    assert a.generated == 1
     b = d.s.add("b", list(range(200, 240)), 2)  # 40-token prompt
     c = d.s.add("c", list(range(300, 310)), 2)
     b_chunks = []
@@ -174,26 +186,131 @@ def test_decode_tokens_come_first_and_are_never_starved_by_a_prefill() -> None:
         b_chunks.append(seq_tokens(plan, b.seq_id))
         if b.phase is Phase.DECODE and c.phase is Phase.DECODE:
             break
-    # b was prefilled in chunks of batch_size - 1 (one slot taken by a's decode token)
-    assert b_chunks[:5] == [list(range(200 + 7 * i, 207 + 7 * i)) for i in range(5)]
-    # c waited for b's prefill to finish (FIFO among prefills), then shared a step with it
-    assert a.generated == step + 2
+    # b's prompt[:-1] was prefilled in chunks of batch_size - 1 (one slot taken by a's decode token)
+    assert b_chunks[:6] == [list(range(200 + 7 * i, 207 + 7 * i)) for i in range(5)] + [list(range(235, 239))]
+    loop_plans = d.plans[2:]
+    # c waited for b's prefill (FIFO among prefills) and took the room left in the step that finished it
+    assert [seq_tokens(p, c.seq_id) for p in loop_plans[:5]] == [[]] * 5
+    assert seq_tokens(loop_plans[5], c.seq_id) == [300, 301, 302]
+    # next step: b's last prompt token is decoded right after a's token, before c's next chunk
+    plan = loop_plans[6]
+    assert plan.seq_ids[:2] == [a.seq_id, b.seq_id]
+    assert (plan.tokens[1], plan.positions[1], plan.logits[:2]) == (239, 39, [True, True])
+    assert seq_tokens(plan, c.seq_id) == list(range(303, 309))
+    # and one step later c's last prompt token joins the decode part behind a's and b's
+    plan = loop_plans[7]
+    assert plan.seq_ids == [a.seq_id, b.seq_id, c.seq_id]
+    assert (plan.tokens[2], plan.positions[2]) == (309, 9)
+    assert a.generated == step + 2 == 9
 
 
-def test_several_sequences_prefill_in_one_step_with_one_sample_each() -> None:
+def test_several_sequences_prefill_in_one_step_then_get_one_sample_each() -> None:
     d = make(batch_size=32, parallel=3)
     seqs = [d.s.add(str(i), [10 * i + k for k in range(1, 4 + i)], 2) for i in range(3)]
     plan = d.step(finish_at_max=False)
     assert plan.admitted == seqs
-    assert len(plan.tokens) == 3 + 4 + 5
-    assert [index for _, index in plan.samples] == [2, 6, 11]
-    assert [q for q, _ in plan.samples] == seqs
-    assert [plan.tokens[i] for _, i in plan.samples] == [q.prompt[-1] for q in seqs]
-    assert sum(plan.logits) == 3
-    # the next step decodes all three together
+    assert plan.tokens == sum((q.prompt[:-1] for q in seqs), [])  # 2 + 3 + 4 tokens
+    assert plan.seq_ids == [seqs[0].seq_id] * 2 + [seqs[1].seq_id] * 3 + [seqs[2].seq_id] * 4
+    assert plan.samples == [] and not any(plan.logits)
+    # the next step decodes the three last prompt tokens together, one sample each
+    plan = d.step(finish_at_max=False)
+    assert plan.seq_ids == [q.seq_id for q in seqs]
+    assert plan.tokens == [q.prompt[-1] for q in seqs]
+    assert plan.positions == [2, 3, 4]
+    assert plan.samples == [(q, i) for i, q in enumerate(seqs)]
+    assert plan.logits == [True] * 3
+    # and the step after decodes the three sampled tokens together
     plan = d.step(finish_at_max=False)
     assert plan.seq_ids == [q.seq_id for q in seqs]
     assert plan.positions == [3, 4, 5]
+
+
+def entries(plan, seq_id):
+    """(token, position, logits) of every batch entry of one sequence."""
+    rows = zip(plan.tokens, plan.positions, plan.seq_ids, plan.logits)
+    return [(token, pos, logits) for token, pos, s, logits in rows if s == seq_id]
+
+
+def test_last_prompt_token_is_decoded_once_the_rest_of_the_prompt_is_in_the_kv_cache() -> None:
+    """The rule: a sequence holding prompt[:-1] (prefilled, copied from the cache, or nothing to hold)
+    turns to DECODE at the start of the next step, and prompt[-1] goes into the decode part at position
+    len(prompt)-1 with logits: its first sample point. So that entry is the same however prompt[:-1] got there."""
+    d = make(batch_size=64, parallel=4, cache_slots=2)
+    prompt = list(range(1, 11))
+    computed = d.s.add("computed", prompt, 1)
+    d.step()
+    assert computed.phase is Phase.PREFILL and computed.n_past == 9  # prompt[:-1], no sample yet
+    plan = d.step()  # its first sample, then it finishes (max_tokens=1) into the cache
+    assert plan.samples == [(computed, 0)]
+    computed_entry = entries(plan, computed.seq_id)
+    assert computed_entry == [(10, 9, True)]
+    assert d.s.cache[computed.seq_id].tokens == tuple(prompt)
+
+    cached = d.s.add("cached", prompt, 2)  # prompt[:-1] comes from the cache
+    single = d.s.add("single", [42], 2)  # prompt[:-1] is empty
+    fresh = d.s.add("fresh", [50, 51, 52], 2)  # prompt[:-1] must be prefilled first
+    plan = d.step()
+    assert plan.admitted == [cached, single, fresh]
+    assert plan.kv_ops == [KvCopy(computed.seq_id, cached.seq_id, 9)]
+    assert cached.phase is Phase.DECODE and single.phase is Phase.DECODE and fresh.phase is Phase.PREFILL
+    # decode part first: both go straight to decode in the step that admits them; fresh only prefills
+    assert plan.samples == [(cached, 0), (single, 1)]
+    assert entries(plan, cached.seq_id) == computed_entry  # the same entry as when prompt[:-1] was computed
+    assert entries(plan, single.seq_id) == [(42, 0, True)]
+    assert entries(plan, fresh.seq_id) == [(50, 0, False), (51, 1, False)]
+    # one step later fresh decodes its last prompt token, after the two sampled tokens
+    plan = d.step()
+    assert plan.seq_ids == [cached.seq_id, single.seq_id, fresh.seq_id]
+    assert plan.samples == [(cached, 0), (single, 1), (fresh, 2)]
+    assert entries(plan, fresh.seq_id) == [(52, 2, True)]
+    assert plan.positions[:2] == [10, 1]  # generated tokens right after the prompts
+    d.run()
+    assert d.output == {"computed": [1000], "cached": [1000, 1001], "single": [1000, 1001], "fresh": [1000, 1001]}
+    d.check_invariants()
+
+
+def test_follower_sharing_all_but_the_last_prompt_token_goes_straight_to_decode() -> None:
+    d = make(batch_size=8, parallel=2)
+    leader = d.s.add("leader", list(range(1, 21)), 2)
+    follower = d.s.add("follower", list(range(1, 11)), 2)  # shares 9 = len(prompt) - 1 positions
+    for _ in range(2):
+        plan = d.step(finish_at_max=False)
+        assert follower.leader is leader and follower.shared == 9
+        assert entries(plan, follower.seq_id) == [] and plan.samples == []
+    # the leader holds 16 positions now: the follower copies 9 and decodes its last token in the same step
+    plan = d.step(finish_at_max=False)
+    assert plan.kv_ops == [KvCopy(leader.seq_id, follower.seq_id, 9)]
+    assert follower.leader is None and follower.cached_tokens == 9
+    assert entries(plan, follower.seq_id) == [(10, 9, True)]
+    assert plan.samples == [(follower, 0)]
+    # the leader's last prefill chunk comes after the decode part
+    assert entries(plan, leader.seq_id) == [(17, 16, False), (18, 17, False), (19, 18, False)]
+    plan = d.step(finish_at_max=False)
+    assert entries(plan, leader.seq_id) == [(20, 19, True)]
+    assert entries(plan, follower.seq_id) == [(1000, 10, True)]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="scheduler bug: sequences that go straight to decode (a one-token prompt, or prompt[:-1] copied "
+    "from the cache or a leader) take no prefill room, so with parallel > batch_size the decode part can "
+    "outgrow the batch",
+)
+@pytest.mark.parametrize("prompt", [[7], list(range(1, 11))], ids=["one-token", "same-prompt-followers"])
+def test_batch_never_exceeds_batch_size_when_parallel_is_larger(prompt: list[int]) -> None:
+    d = make(batch_size=4, parallel=6)
+    for i in range(6):  # e.g. one request with n=6
+        d.s.add(str(i), prompt, 3)
+    for _ in range(50):
+        if d.s.idle():
+            break
+        plan = d.s.step()
+        assert len(plan.tokens) <= d.s.batch_size
+        for sequence, _ in plan.samples:
+            d.s.on_sampled(sequence, 1000 + sequence.generated)
+            if sequence.generated >= sequence.max_tokens:
+                d.s.remove(sequence)
+    assert d.s.idle()
 
 
 # ---- cancellation -------------------------------------------------------------------------------
@@ -227,6 +344,9 @@ def test_cancel_during_prefill_frees_the_seq_id() -> None:
     d.check_invariants()
     # the slot is reusable at once
     b = d.s.add("b", [7, 8], 2)
+    plan = d.step()
+    assert plan.admitted == [b] and b.seq_id == seq_id
+    assert plan.tokens == [7] and b.phase is Phase.PREFILL
     d.step()
     assert b.phase is Phase.DECODE
 
@@ -294,10 +414,13 @@ def test_shared_prefix_is_copied_from_the_cache() -> None:
     assert plan.admitted == [b]
     assert plan.kv_ops == [KvCopy(a.seq_id, b.seq_id, 3)]
     assert b.cached_tokens == 3
-    # only the rest of the prompt is decoded, from position 3 on
-    assert plan.tokens == [9, 9]
-    assert plan.positions == [3, 4]
-    assert plan.samples == [(b, 1)]
+    # only the rest of the prompt is decoded, from position 3 on: prefill up to the last token...
+    assert plan.tokens == [9]
+    assert plan.positions == [3]
+    assert plan.samples == []
+    # ...which is decoded in the next step
+    plan = d.step()
+    assert (plan.tokens, plan.positions, plan.samples) == ([9], [4], [(b, 0)])
     d.run()
     d.check_cache()
     d.check_invariants()
@@ -320,9 +443,14 @@ def test_at_most_all_but_the_last_prompt_token_is_reused(prompt: list[int], expe
     plan = d.step()
     assert b.cached_tokens == expected
     assert [op for op in plan.kv_ops if isinstance(op, KvCopy)][0].length == expected
-    assert plan.positions[0] == expected
-    assert plan.tokens == prompt[expected:]
-    assert plan.logits[-1] and sum(plan.logits) == 1
+    if expected < len(prompt) - 1:  # the uncached rest of prompt[:-1] is prefilled first
+        assert plan.positions == list(range(expected, len(prompt) - 1))
+        assert plan.tokens == prompt[expected:-1]
+        assert not any(plan.logits) and plan.samples == []
+        plan = d.step()
+    # the last prompt token is decoded on its own (at once when everything before it was cached)
+    assert (plan.tokens, plan.positions, plan.logits) == ([prompt[-1]], [len(prompt) - 1], [True])
+    assert plan.samples == [(b, 0)]
     d.run()
     d.check_invariants()
 
@@ -426,8 +554,11 @@ def test_matching_entry_is_evicted_when_nothing_else_makes_room() -> None:
     assert plan.admitted == [q]
     assert plan.kv_ops == [KvRemove(match.seq_id)]
     assert q.cached_tokens == 0
-    assert plan.tokens == [7] * 10
+    assert plan.tokens == [7] * 9  # the whole prompt but its last token is computed again
+    assert plan.samples == []
     d.check_invariants()
+    plan = d.step()
+    assert (plan.tokens, plan.positions, plan.samples) == ([7], [9], [(q, 0)])
 
 
 def test_waiting_request_does_not_evict_the_cache_while_running_sequences_block_it() -> None:
@@ -513,9 +644,11 @@ def test_stats_properties() -> None:
     a = d.s.add("a", [1, 2, 3], 10)
     d.step(finish_at_max=False)
     assert d.s.reserved_cells == 13
-    assert d.s.active_kv_tokens == 3
+    assert d.s.active_kv_tokens == 2  # prompt[:-1]
     d.step(finish_at_max=False)
-    assert d.s.active_kv_tokens == 4
+    assert d.s.active_kv_tokens == 3  # the last prompt token
+    d.step(finish_at_max=False)
+    assert d.s.active_kv_tokens == 4  # the first sampled token
     d.finish(a)
     assert d.s.reserved_cells == 4 == d.s.active_kv_tokens
     assert d.s.idle()
