@@ -12,7 +12,7 @@ import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -145,6 +145,12 @@ class Settings(BaseSettings):
         if isinstance(value, (list, tuple)):
             return [part.strip() for item in value for part in str(item).split(",") if part.strip()]
         return value
+
+    @model_validator(mode="after")
+    def _batch_holds_every_sequence(self) -> Settings:
+        if self.batch_size < self.parallel:
+            raise ValueError(f"batch_size ({self.batch_size}) must be at least parallel ({self.parallel})")
+        return self
 
     @property
     def model_name(self) -> str:

@@ -115,6 +115,8 @@ def merged_timings(finished: list[Finished | None]) -> dict[str, float]:
 def failure_error(failed: Failed) -> APIError:
     if failed.code == "context_length_exceeded":
         return invalid_request(failed.message, param="messages", code=failed.code)
+    if failed.code == "invalid_request":
+        return invalid_request(failed.message, code=failed.code)
     return APIError(503, failed.message, code=failed.code)
 
 

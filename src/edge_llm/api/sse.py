@@ -27,7 +27,7 @@ def encode_event(data: str, event: str | None = None) -> bytes:
 def decode_events(stream: str) -> list[tuple[str, str]]:
     """The inverse, as an EventSource client does it: (event name, data) pairs."""
     events: list[tuple[str, str]] = []
-    for block in re.split(r"(?:\r\n|\r|\n){2}", stream):
+    for block in re.split(r"(?:\r\n|\r(?!\n)|\n){2}", stream):
         if not block:
             continue
         name, data = "message", []

@@ -274,7 +274,7 @@ class LlamaRunner:
             add(
                 chain,
                 llama_cpp.llama_sampler_init_penalties(
-                    64, params.repeat_penalty, params.frequency_penalty, params.presence_penalty
+                    self._n_vocab, 64, params.repeat_penalty, params.frequency_penalty, params.presence_penalty
                 ),
             )
         if params.greedy:

@@ -112,6 +112,9 @@ def common_prefix_length(a: tuple[int, ...] | list[int], b: list[int]) -> int:
 
 class Scheduler:
     def __init__(self, *, n_ctx: int, batch_size: int, parallel: int, cache_slots: int) -> None:
+        if batch_size < parallel:
+            # Every running sequence's decode token must fit in one batch, or some would starve.
+            raise ValueError(f"batch_size ({batch_size}) must be at least parallel ({parallel})")
         self.n_ctx = n_ctx
         self.batch_size = batch_size
         self.parallel = parallel
@@ -184,6 +187,13 @@ class Scheduler:
                 self._copy_from_leader(sequence)
         plan.kv_ops, self._pending_ops = self._pending_ops, []
         for sequence in self.running:
+            # The last prompt token is decoded on its own, like a generated one, never inside a prefill
+            # chunk: its logits then come from the same kind of batch whether the rest of the prompt was
+            # computed now or taken from the prefix cache, so a seed gives the same text either way.
+            if sequence.phase is Phase.PREFILL and sequence.leader is None \
+                    and sequence.n_past == len(sequence.prompt) - 1:
+                sequence.phase = Phase.DECODE
+                sequence.pending_token = sequence.prompt[-1]
             if sequence.phase is Phase.DECODE and sequence.pending_token is not None:
                 token = sequence.pending_token
                 index = plan.add(token, sequence.n_past, sequence.seq_id, True)
@@ -197,18 +207,13 @@ class Scheduler:
                 break
             if sequence.phase is not Phase.PREFILL or sequence.leader is not None:
                 continue
-            chunk = sequence.prompt[sequence.n_past : sequence.n_past + room]
+            chunk = sequence.prompt[sequence.n_past : min(sequence.n_past + room, len(sequence.prompt) - 1)]
             for offset, token in enumerate(chunk):
-                last = sequence.n_past + offset == len(sequence.prompt) - 1
-                index = plan.add(token, sequence.n_past + offset, sequence.seq_id, last)
-                if last:
-                    plan.samples.append((sequence, index))
+                plan.add(token, sequence.n_past + offset, sequence.seq_id, False)
             sequence.kv_tokens.extend(chunk)
             sequence.n_past += len(chunk)
             plan.prefilled_tokens += len(chunk)
             room -= len(chunk)
-            if sequence.n_past == len(sequence.prompt):
-                sequence.phase = Phase.DECODE
         return plan
 
     def on_sampled(self, sequence: Sequence, token: int) -> None:

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from edge_llm.engine.channel import ReplyChannel
 from edge_llm.engine.hooks import EngineObserver
-from edge_llm.engine.scheduler import KvOp, Phase, Scheduler, Sequence, StepPlan
+from edge_llm.engine.scheduler import KvOp, Phase, RequestTooLargeError, Scheduler, Sequence, StepPlan
 from edge_llm.engine.text import OutputText
 from edge_llm.engine.types import (
     EngineUnavailableError,
@@ -263,13 +263,18 @@ class Engine:
     def _admit_request(self, active: _Active) -> None:
         request = active.request
         try:
+            # A request that cannot be served fails alone; it never takes the engine thread down.
+            active.sampler = self.runner.new_sampler(request.sampling)
             active.sequence = self._scheduler.add(request.request_id, request.prompt_tokens, request.max_tokens)
-        except ValueError as exc:
+        except Exception as exc:  # noqa: BLE001
             with self._lock:
                 self._waiting_ids.discard(request.request_id)
-            active.channel.send(Failed(str(exc), code="context_length_exceeded"))
+            if active.sampler is not None:
+                active.sampler.close()
+            code = "context_length_exceeded" if isinstance(exc, RequestTooLargeError) else "invalid_request"
+            logger.warning("request refused by the engine: %s", exc, extra={"request_id": request.request_id})
+            active.channel.send(Failed(str(exc), code=code))
             return
-        active.sampler = self.runner.new_sampler(request.sampling)
         active.output = OutputText(request.stop)
         if self._keep_text:
             active.text_parts = []
