@@ -7,6 +7,7 @@ The others refuse early: too many headers, shutting down, body too large.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import socket
@@ -166,9 +167,9 @@ class RequestContext:
 
         try:
             await self.app(scope, receive_and_keep if request_body is not None else receive, send_and_watch)
-        except BaseException:
-            if not record.status:
-                record.status = 500
+        except BaseException as exc:
+            if not record.status:  # 499: the client went away before an answer (nginx's convention)
+                record.status = 499 if isinstance(exc, asyncio.CancelledError) else 500
             raise
         finally:
             if counted:

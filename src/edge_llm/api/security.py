@@ -105,9 +105,13 @@ def _hostname(authority: str) -> str | None:
 
 
 def own_host_names(bind_host: str) -> set[str]:
+    """Loopback names, the bound address, and when reachable from elsewhere this machine's names
+    (and, bound to every interface, its addresses). No DNS lookups for a loopback bind."""
     names = {"localhost", "127.0.0.1", "::1"}
     if bind_host.lower() not in _WILDCARD_HOSTS:
         names.add(bind_host.strip("[]").lower())
+    if is_loopback(bind_host):
+        return names
     try:
         hostname = socket.gethostname()
         names.update({hostname.lower(), socket.getfqdn().lower()})
