@@ -543,7 +543,7 @@ def test_engine_death_fails_streams_turns_unready_and_exits_nonzero(mortal: tupl
 
 def test_sigterm_lets_running_streams_finish_and_refuses_new_work(tmp_path: Path) -> None:
     with run_server(tmp_path, "--drain-timeout", "120", "--log-format", "text") as server:
-        body = {"prompt": "Count from 1 to 50, separated by spaces.", "temperature": 0, "max_tokens": 40}
+        body = {"prompt": "Count from 1 to 50, separated by spaces.", "temperature": 0, "max_tokens": 24}
         streams = [Stream(server, body), Stream(server, body)]
         for stream in streams:
             stream.wait_started()
