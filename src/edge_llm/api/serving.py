@@ -541,8 +541,9 @@ class ChatService:
     def _runner(self) -> Any:
         runner = self.engine.runner
         if runner is None or not self.engine.ready:
-            raise APIError(503, "The model is not loaded yet", code="engine_unavailable",
-                           headers={"Retry-After": "2"})
+            message = ("The model is not loaded yet" if self.engine.alive and runner is None
+                       else "The inference engine is not running")
+            raise APIError(503, message, code="engine_unavailable", headers={"Retry-After": "2"})
         return runner
 
     async def _off_loop(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
