@@ -32,6 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
     fetch = model.add_parser("fetch", help="download, assemble and verify the default model (idempotent)")
     fetch.add_argument("--dir", type=Path, default=DEFAULT_MODEL_PATH.parent, help="where models live (models/)")
     fetch.set_defaults(handler=_fetch)
+    info = model.add_parser("info", help="what a GGUF file holds and the memory it needs (reads the header only)")
+    info.add_argument("path", type=Path, help="the GGUF file")
+    info.add_argument("--json", action="store_true", help="one JSON object, for scripts")
+    info.add_argument("--ctx", type=int, default=8192, metavar="N", help="context size for the memory estimate")
+    info.set_defaults(handler=_model_info)
 
     # `edge-llm bench` parses its own flags (edge_llm.bench), so its imports stay out of `serve`.
     bench = commands.add_parser("bench", help="load-test an OpenAI-compatible server (edge-llm bench --help)",
@@ -61,6 +66,12 @@ def _configure_logging(level: str, fmt: str = "text") -> None:
 def _fail(message: str) -> int:
     sys.stderr.write(f"edge-llm: error: {message}\n")
     return 1
+
+
+def _model_info(args: argparse.Namespace) -> int:
+    from edge_llm.gguf_info import run_info
+
+    return run_info(args.path, as_json=args.json, n_ctx=args.ctx)
 
 
 def _fetch(args: argparse.Namespace) -> int:
