@@ -11,6 +11,7 @@ import asyncio
 import functools
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -60,6 +61,7 @@ from edge_llm.prompt import PromptBuilder
 logger = logging.getLogger(__name__)
 
 GRAMMAR_CACHE_SIZE = 64
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # may be a lone surrogate; checked
 
 
 @dataclass
@@ -428,11 +430,17 @@ class ChatService:
                 yield chunk(index, {}, reason, timings=event.timings)
             elif isinstance(event, Failed):
                 yield sse_json(self._error_body(event))
-        if include_usage:
-            usage = usage_info(total_usage(generation, finished)).model_dump()
-            yield sse_json({"id": completion_id, "object": "chat.completion.chunk", "created": created,
-                            "model": self.model_id, "choices": [], "usage": usage})
-        yield b"data: [DONE]\n\n"
+        yield self._stream_end(generation, finished, include_usage,
+                               {"id": completion_id, "object": "chat.completion.chunk", "created": created})
+
+    def _stream_end(self, generation: Generation, finished: list[Finished | None], include_usage: bool,
+                    header: dict[str, Any]) -> bytes:
+        """The usage chunk (empty choices; only when asked for), then the end marker."""
+        end = b"data: [DONE]\n\n"
+        if not include_usage:
+            return end
+        usage = usage_info(total_usage(generation, finished)).model_dump()
+        return sse_json({**header, "model": self.model_id, "choices": [], "usage": usage}) + end
 
     # ---- legacy completions --------------------------------------------------------------------
 
@@ -493,11 +501,8 @@ class ChatService:
                 yield chunk(index, "", event.reason.value, timings=event.timings)
             elif isinstance(event, Failed):
                 yield sse_json(self._error_body(event))
-        if include_usage:
-            usage = usage_info(total_usage(generation, finished)).model_dump()
-            yield sse_json({"id": completion_id, "object": "text_completion", "created": created,
-                            "model": self.model_id, "choices": [], "usage": usage})
-        yield b"data: [DONE]\n\n"
+        yield self._stream_end(generation, finished, include_usage,
+                               {"id": completion_id, "object": "text_completion", "created": created})
 
     # ---- the simple body ------------------------------------------------------------------------
 
@@ -521,10 +526,17 @@ class ChatService:
         raw = await request.body()
         try:
             body = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise APIError(400, f"The request body is not valid JSON: {exc}", code="invalid_json") from None
+            # A lone surrogate escape ("\ud800") decodes to a str that is not Unicode text: it would fail
+            # later, when an answer or an error message quoting it is encoded (a 500). Refused here.
+            if _SURROGATE_ESCAPE.search(raw) or b"\x00" in raw[:4]:  # (a UTF-16/32 body: always checked)
+                json.dumps(body, ensure_ascii=False).encode("utf-8")
         except RecursionError:
             raise APIError(400, "The request body is nested too deeply", code="invalid_json") from None
+        except UnicodeEncodeError:
+            raise APIError(400, "The request body contains a lone UTF-16 surrogate (a \\ud800-\\udfff escape "
+                           "without its pair), which is not Unicode text", code="invalid_json") from None
+        except ValueError as exc:  # not JSON, not UTF-8, or an integer of more than 4300 digits
+            raise APIError(400, f"The request body is not valid JSON: {exc}", code="invalid_json") from None
         if not isinstance(body, dict):
             raise APIError(400, "The request body must be a JSON object", code="invalid_json")
         return body
