@@ -31,6 +31,7 @@ from edge_llm.api.routes import debug_router, router
 from edge_llm.api.security import ApiKeyAuth, HostGuard, load_api_keys, warn_if_exposed
 from edge_llm.api.serving import ChatService
 from edge_llm.api.telemetry import EngineTelemetry, RequestRecords
+from edge_llm.api.web import web_router
 from edge_llm.config import Settings
 from edge_llm.engine.worker import Engine
 from edge_llm.metrics import Metrics, ServerState
@@ -101,6 +102,7 @@ def create_app(
     app.state.lifecycle = lifecycle
     app.state.chat_service = ChatService(settings, engine)
     app.include_router(router)
+    app.include_router(web_router)  # the web chat at / (no API key needed for the page itself)
     if settings.test_hooks:
         logger.warning("test hooks are on (POST /debug/kill-engine): never use --test-hooks in production")
         app.include_router(debug_router)

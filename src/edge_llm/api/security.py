@@ -1,6 +1,7 @@
 """Exposure controls: API keys, the Host check (DNS-rebinding defence) and the Origin check.
 
-/healthz and /readyz stay open to probes: they need no key and skip the Host check.
+/healthz and /readyz stay open to probes: they need no key and skip the Host check. The web chat's
+page and files (api.web.WEB_PATHS) need no key either (they hold no secret) but pass the Host check.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from edge_llm.api.errors import APIError
 from edge_llm.api.middleware import OPEN_PATHS
+from edge_llm.api.web import WEB_PATHS
 from edge_llm.config import Settings
 
 logger = logging.getLogger(__name__)
@@ -62,7 +64,7 @@ class ApiKeyAuth:
         self._keys = [key.encode() for key in keys]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or scope["path"] in WEB_PATHS:
             await self.app(scope, receive, send)
             return
         problem = self._check(_header(scope, b"authorization"))

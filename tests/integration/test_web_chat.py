@@ -1,0 +1,282 @@
+"""The web chat at `/` in a real browser (Debian's chromium driven by Playwright) against a real server
+with the real model and an API key. Screenshots of each state go to test-artifacts/ (git-ignored)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.integration.server import REPO, RunningServer, run_server
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+ARTIFACTS = REPO / "test-artifacts"
+KEY = "web-chat-test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+if not Path(CHROMIUM).is_file():
+    if os.environ.get("CI"):
+        raise RuntimeError(f"{CHROMIUM} is missing: .ci/run installs Debian's chromium package")
+    pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium)", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def web_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    with run_server(tmp_path_factory.mktemp("web"), "--api-key", KEY, "--parallel", "2", "--ctx-size", "4096",
+                    "--cache-slots", "2") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    ARTIFACTS.mkdir(exist_ok=True)
+    with playwright_api.sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+class ChatPage:
+    """One browser tab on the chat, recording what it sends and every request it makes."""
+
+    def __init__(self, browser: Any, server: RunningServer, **context_options: Any) -> None:
+        self.server = server
+        self.context = browser.new_context(**{"viewport": {"width": 1100, "height": 760}, **context_options})
+        self.page = self.context.new_page()
+        self.errors: list[str] = []
+        self.urls: list[str] = []
+        self.chat_requests: list[dict[str, Any]] = []
+        self.page.on("pageerror", lambda error: self.errors.append(str(error)))
+        self.page.on("request", self._record)
+        self.page.goto(server.url + "/")
+        self.page.wait_for_selector("#prompt")
+
+    def _record(self, request: Any) -> None:
+        self.urls.append(request.url)
+        if request.url.endswith("/v1/chat/completions"):
+            self.chat_requests.append({"body": json.loads(request.post_data or "{}"), "headers": request.headers})
+
+    def set_key(self, key: str = KEY) -> None:
+        self.page.fill("#api-key", key)
+        self.page.dispatch_event("#api-key", "change")
+
+    def ask(self, text: str) -> None:
+        self.page.fill("#prompt", text)
+        self.page.press("#prompt", "Enter")
+
+    def answers(self) -> Any:
+        return self.page.locator(".msg.assistant")
+
+    def last_answer_text(self) -> str:
+        return str(self.page.evaluate(
+            "() => { const a = document.querySelectorAll('.msg.assistant .body'); "
+            "return a.length ? a[a.length - 1].textContent : ''; }"))
+
+    def wait_done(self, count: int, timeout: float = 180) -> None:
+        self.page.wait_for_function(
+            f"() => document.querySelectorAll('.msg.assistant[data-done]').length >= {count}", timeout=timeout * 1000)
+
+    def shot(self, name: str) -> None:
+        self.page.screenshot(path=str(ARTIFACTS / name))
+
+    def close(self) -> None:
+        assert not self.errors, self.errors
+        self.context.close()
+
+
+@pytest.fixture
+def chat(browser: Any, web_server: RunningServer) -> Iterator[ChatPage]:
+    page = ChatPage(browser, web_server)
+    yield page
+    page.close()
+
+
+def set_temperature(chat: ChatPage, value: float) -> None:
+    chat.page.evaluate("(v) => { const t = document.getElementById('temperature'); t.value = String(v);"
+                       " t.dispatchEvent(new Event('input')); }", value)
+
+
+def samples(server: RunningServer) -> dict[tuple[str, tuple], float]:
+    response = httpx.get(server.url + "/metrics", headers=AUTH, timeout=30)
+    assert response.status_code == 200, response.text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(response.text) for s in family.samples}
+
+
+def total(metrics: dict[tuple[str, tuple], float], name: str) -> float:
+    return sum(value for (sample, _), value in metrics.items() if sample == name)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_the_page_needs_no_key_and_loads_nothing_from_elsewhere(chat: ChatPage, web_server: RunningServer) -> None:
+    response = httpx.get(web_server.url + "/", timeout=10)  # no Authorization header
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/html")
+    assert "default-src 'none'" in response.headers["content-security-policy"]
+    for asset, kind in (("/web/chat.js", "text/javascript"), ("/web/chat.css", "text/css")):
+        reply = httpx.get(web_server.url + asset, timeout=10)
+        assert reply.status_code == 200 and reply.headers["content-type"].startswith(kind)
+    assert httpx.get(web_server.url + "/web/other.js", timeout=10).status_code == 401  # only the chat's files are open
+    assert httpx.get(web_server.url + "/v1/models", timeout=10).status_code == 401  # the API still needs the key
+
+    assert chat.page.title() == "Edge LLM chat"
+    assert chat.page.is_visible("#empty")
+    chat.page.wait_for_function("() => document.getElementById('model-name').textContent.includes('key')")
+    chat.set_key()
+    chat.page.wait_for_function("() => document.getElementById('model-name').textContent.includes('qwen')")
+    assert chat.urls and all(url.startswith(web_server.url + "/") or url.startswith("data:") for url in chat.urls)
+    chat.shot("web-chat-empty.png")
+
+
+def test_markdown_is_rendered_safely(chat: ChatPage) -> None:
+    source = ("Intro with **bold**, `inline <code>` and <script>alert(1)</script>\n\n"
+              "- one\n- two with `x`\n\n1. first\n2. second\n\n"
+              "```python\nprint('<b>hi</b>')\n```\n\n[link](javascript:alert(1)) [ok](https://example.org)")
+    html = chat.page.evaluate("(s) => window.edgeChat.renderMarkdown(s)", source)
+    assert "<strong>bold</strong>" in html
+    assert "<code>inline &lt;code&gt;</code>" in html
+    assert "<script>" not in html and "&lt;script&gt;" in html
+    assert "<ul><li>one</li><li>two with <code>x</code></li></ul>" in html
+    assert "<ol><li>first</li><li>second</li></ol>" in html
+    assert "<pre><code>print(&#39;&lt;b&gt;hi&lt;/b&gt;&#39;)</code></pre>" in html
+    assert 'href="javascript' not in html and 'href="https://example.org"' in html
+    # A code block still streaming (no closing fence yet) renders as a code block.
+    assert "<pre><code>x = 1</code></pre>" in chat.page.evaluate("(s) => window.edgeChat.renderMarkdown(s)",
+                                                                   "Here:\n```python\nx = 1")
+
+
+def test_an_answer_streams_with_live_figures_and_the_conversation_is_kept(chat: ChatPage) -> None:
+    chat.set_key()
+    chat.page.fill("#system-prompt", "You are a terse assistant.")
+    chat.page.fill("#max-tokens", "64")
+    set_temperature(chat, 0.2)
+    chat.ask("List three uses of a Python dictionary, in markdown.")
+    lengths = []
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        lengths.append(len(chat.last_answer_text()))
+        if len(set(lengths)) == 3:
+            chat.shot("web-chat-streaming.png")
+        if chat.page.locator(".msg.assistant[data-done]").count():
+            break
+        time.sleep(0.05)
+    growth = sorted(set(length for length in lengths if length))
+    assert len(growth) >= 3, f"the answer did not grow while streaming: {lengths[:50]}"
+    # (Rendered text may shrink by a few characters when a closing "**" or "`" arrives and becomes markup.)
+    chat.wait_done(1)
+    stats = chat.page.inner_text(".msg.assistant .stats")
+    assert "TTFT" in stats and "tok/s" in stats and "tokens" in stats and "prompt" in stats, stats
+    chat.shot("web-chat-answer.png")
+
+    first = chat.chat_requests[0]
+    assert first["headers"]["authorization"] == f"Bearer {KEY}"
+    body = first["body"]
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["temperature"] == 0.2 and body["max_tokens"] == 64 and body["top_p"] == 0.9
+    assert body["messages"][0] == {"role": "system", "content": "You are a terse assistant."}
+
+    # Shift+Enter is a new line, not a send.
+    chat.page.fill("#prompt", "")
+    chat.page.type("#prompt", "Now one more")
+    chat.page.keyboard.press("Shift+Enter")
+    chat.page.keyboard.type("use, please.")
+    assert chat.page.input_value("#prompt") == "Now one more\nuse, please."
+    assert len(chat.chat_requests) == 1
+    chat.page.keyboard.press("Enter")
+    chat.wait_done(2)
+    roles = [message["role"] for message in chat.chat_requests[1]["body"]["messages"]]
+    assert roles == ["system", "user", "assistant", "user"]
+    assert chat.chat_requests[1]["body"]["messages"][3]["content"] == "Now one more\nuse, please."
+
+
+def test_stop_cancels_the_generation_on_the_server_and_new_chat_clears(chat: ChatPage,
+                                                                       web_server: RunningServer) -> None:
+    chat.set_key()
+    chat.page.fill("#max-tokens", "2000")
+    set_temperature(chat, 0)
+    before = samples(web_server)
+    chat.ask("Count from 1 to 1000, each number on its own line. Do not stop early.")
+
+    def long_answer_started() -> bool:
+        assert not chat.page.locator(".msg.assistant[data-done]").count(), "the answer ended before the stop"
+        return len(chat.last_answer_text()) > 40
+
+    wait_for(long_answer_started, 180, "the long answer to start")
+    chat.page.click("#stop")
+    chat.page.wait_for_selector(".msg.assistant[data-stopped]", timeout=10_000)
+    partial = chat.last_answer_text()
+
+    def cancelled() -> bool:
+        after = samples(web_server)
+        return (total(after, "edge_llm_cancellations_total") > total(before, "edge_llm_cancellations_total")
+                and after.get(("edge_llm_generations_finished_total", (("reason", "cancelled"),)), 0)
+                > before.get(("edge_llm_generations_finished_total", (("reason", "cancelled"),)), 0))
+
+    wait_for(cancelled, 15, "the server to count the cancellation")
+    assert chat.page.is_visible("#send") and not chat.page.is_visible("#stop")
+    assert "stopped" in chat.page.inner_text(".msg.assistant .stats")
+    time.sleep(0.5)
+    assert chat.last_answer_text() == partial  # nothing more arrives after the stop
+    chat.shot("web-chat-stopped.png")
+
+    chat.page.click("#new-chat")
+    assert chat.page.locator(".msg").count() == 0
+    assert chat.page.is_visible("#empty")
+    chat.page.fill("#max-tokens", "16")
+    chat.ask("Say hi.")
+    chat.wait_done(1)
+    assert [m["role"] for m in chat.chat_requests[-1]["body"]["messages"]] == ["user"]
+    chat.shot("web-chat-new-chat.png")
+
+
+def test_a_missing_key_is_explained(chat: ChatPage) -> None:
+    chat.set_key("")
+    chat.ask("Hello?")
+    chat.page.wait_for_selector(".msg.assistant.error", timeout=30_000)
+    assert "API key" in chat.page.inner_text(".msg.assistant.error")
+    assert chat.page.input_value("#prompt") == "Hello?"  # given back, to send again with the key
+
+
+def test_phone_sized_screen_in_dark_mode(browser: Any, web_server: RunningServer) -> None:
+    phone = ChatPage(browser, web_server, viewport={"width": 390, "height": 844}, color_scheme="dark",
+                     is_mobile=True, has_touch=True)
+    try:
+        page = phone.page
+        assert page.evaluate("() => document.documentElement.scrollWidth") <= 390
+        box = page.locator("#prompt").bounding_box()
+        assert box is not None and box["y"] + box["height"] <= 844 and box["width"] > 200
+        assert page.is_visible("#send")
+        assert not page.is_visible("#system-prompt")  # settings fold away on a small screen
+        background = page.evaluate("() => getComputedStyle(document.body).backgroundColor")
+        assert background == "rgb(21, 23, 27)", background  # the dark palette
+        page.click("#toggle-settings")
+        assert page.is_visible("#system-prompt") and page.is_visible("#api-key")
+        page.fill("#max-tokens", "48")
+        phone.set_key()
+        phone.shot("web-chat-phone-settings-dark.png")
+        page.click("#toggle-settings")
+        phone.ask("Show a one-line Python hello world in a code block.")
+        phone.wait_done(1)
+        assert page.evaluate("() => document.documentElement.scrollWidth") <= 390
+        phone.shot("web-chat-phone-dark.png")
+    finally:
+        phone.close()
