@@ -61,7 +61,9 @@ from edge_llm.prompt import PromptBuilder
 logger = logging.getLogger(__name__)
 
 GRAMMAR_CACHE_SIZE = 64
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # may be a lone surrogate; checked
+# What may decode to a lone surrogate: a \ud800-\udfff escape, or its UTF-8-style bytes (json.loads decodes
+# bytes with "surrogatepass"). A body with either is checked.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
 
 
 @dataclass
@@ -526,7 +528,7 @@ class ChatService:
         raw = await request.body()
         try:
             body = json.loads(raw)
-            # A lone surrogate escape ("\ud800") decodes to a str that is not Unicode text: it would fail
+            # A lone surrogate ("\ud800") decodes to a str that is not Unicode text: it would fail
             # later, when an answer or an error message quoting it is encoded (a 500). Refused here.
             if _SURROGATE_ESCAPE.search(raw) or b"\x00" in raw[:4]:  # (a UTF-16/32 body: always checked)
                 json.dumps(body, ensure_ascii=False).encode("utf-8")

@@ -48,6 +48,46 @@ class GrammarError(ValueError):
     """A grammar (or the JSON schema it came from) that llama.cpp cannot use."""
 
 
+# Grammars come from request bodies. llama.cpp's grammar parser recurses once per nesting level, so a
+# deep one (a JSON schema with `"maxLength": 1000000`) overflows the C stack and kills the process; and
+# sampling costs about (alternatives open at a point × vocabulary) per token on the engine thread, so a
+# huge `enum` stalls every sequence. Both are bounded before llama.cpp sees a grammar.
+MAX_GRAMMAR_CHARS = 256 * 1024
+MAX_GRAMMAR_NESTING = 1024
+MAX_GRAMMAR_ALTERNATIVES = 2048  # `|`, `?` and `*` outside literals: a bound on the grammar stacks
+
+
+def check_grammar_limits(grammar: str) -> None:
+    if len(grammar) > MAX_GRAMMAR_CHARS:
+        raise GrammarError(f"the grammar is too large ({len(grammar)} characters; at most {MAX_GRAMMAR_CHARS})")
+    alternatives = depth = deepest = 0
+    closing = ""  # the end of the literal ('"') or character class (']') being read, if any
+    escaped = False
+    for char in grammar:  # one linear pass (no regular expression that could backtrack)
+        if escaped:
+            escaped = False
+        elif closing:
+            if char == "\\":
+                escaped = True
+            elif char == closing:
+                closing = ""
+        elif char == '"' or char == "[":
+            closing = '"' if char == '"' else "]"
+        elif char in "|?*":
+            alternatives += 1
+        elif char == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char == ")":
+            depth -= 1
+    if alternatives > MAX_GRAMMAR_ALTERNATIVES:
+        raise GrammarError(f"the grammar is too complex ({alternatives} alternatives; at most "
+                           f"{MAX_GRAMMAR_ALTERNATIVES}): use a smaller enum or fewer optional parts")
+    if deepest > MAX_GRAMMAR_NESTING:
+        raise GrammarError(f"the grammar is nested too deeply ({deepest} levels; at most {MAX_GRAMMAR_NESTING}): "
+                           "lower maxLength / maxItems")
+
+
 def json_schema_to_grammar(schema: dict) -> str:
     """GBNF for a JSON schema, via llama-cpp-python's converter (pure Python)."""
     import json
@@ -296,7 +336,9 @@ class LlamaRunner:
         return handle or None
 
     def check_grammar(self, grammar: str) -> None:
-        """Compiles a grammar once and throws it away (vocabulary only: safe off the engine thread)."""
+        """Checks the limits, compiles a grammar once and throws it away (vocabulary only: safe off the engine
+        thread). Every grammar a request brings passes here before the engine gets it."""
+        check_grammar_limits(grammar)
         handle = self._grammar_sampler(grammar)
         if handle is None:
             raise GrammarError("llama.cpp rejected the grammar")
