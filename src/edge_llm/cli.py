@@ -38,12 +38,25 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--ctx", type=int, default=8192, metavar="N", help="context size for the memory estimate")
     info.set_defaults(handler=_model_info)
 
+    chat = commands.add_parser("chat", help="chat with a running server in the terminal (or one-shot with -p)",
+                               description="Interactive terminal chat; /help inside lists the commands.")
+    from edge_llm.chat_cli import add_arguments as add_chat_arguments
+
+    add_chat_arguments(chat)
+    chat.set_defaults(handler=_chat)
+
     # `edge-llm bench` parses its own flags (edge_llm.bench), so its imports stay out of `serve`.
     bench = commands.add_parser("bench", help="load-test an OpenAI-compatible server (edge-llm bench --help)",
                                 add_help=False, prefix_chars="\0")
     bench.add_argument("bench_args", nargs="*")
     bench.set_defaults(handler=_bench)
     return parser
+
+
+def _chat(args: argparse.Namespace) -> int:
+    from edge_llm.chat_cli import main as chat_main
+
+    return chat_main(args)
 
 
 def _bench(args: argparse.Namespace) -> int:
