@@ -9,6 +9,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
+import re
 import socket
 from urllib.parse import urlsplit
 
@@ -97,10 +98,17 @@ class ApiKeyAuth:
 # ---- Host and Origin -------------------------------------------------------------------------
 
 
+_BRACKETED = re.compile(r"\[[^\]]*\](:[0-9]*)?")  # an IPv6 literal, with or without a port
+
+
 def _hostname(authority: str) -> str | None:
     """The host part of a Host header or an origin's authority, lower-case, without port or brackets."""
+    authority = authority.strip()
+    # urlsplit reads "[::1].evil.example" as the host ::1 (it ignores what follows the bracket): refused.
+    if authority.startswith("[") and not _BRACKETED.fullmatch(authority):
+        return None
     try:
-        name = urlsplit("//" + authority.strip()).hostname
+        name = urlsplit("//" + authority).hostname
     except ValueError:
         return None
     return name.rstrip(".") if name else None
