@@ -141,6 +141,11 @@ def _serve(args: argparse.Namespace) -> int:
         check_model_file(settings.model)
     except ModelFileError as exc:
         return _fail(str(exc))
+    from edge_llm.preflight import preflight
+
+    problem = preflight(settings)  # port taken, not enough memory for the context
+    if problem is not None:
+        return _fail(problem)
     return _run_server(settings)
 
 
@@ -163,10 +168,9 @@ def _run_server(settings: Settings) -> int:
         app = create_app(settings, engine)
     except ValueError as exc:
         return _fail(str(exc))
-    logger.info(
-        "serving %s on http://%s:%d (ctx %d, parallel %d, threads %d); loading the model",
-        settings.model_name, settings.host, settings.port, settings.ctx_size, settings.parallel, settings.threads,
-    )
+    from edge_llm.banner import log_banner
+
+    log_banner(settings)  # "serving ... on URL; loading the model", with quantization, memory, web chat, curl
     server = _graceful_server(app, settings)
     try:
         server.run()

@@ -1,0 +1,75 @@
+"""The start-up banner of `edge-llm serve`: what is served, how, where to chat, and a curl to paste.
+
+Logged once through `logging` (logger edge_llm.banner): several lines with `--log-format text`, one
+line with the same facts as fields with `--log-format json`. Never shows an API key.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+
+from edge_llm.config import Settings
+from edge_llm.gguf_info import human_bytes
+from edge_llm.preflight import model_facts
+
+logger = logging.getLogger("edge_llm.banner")
+
+_WILDCARDS = {"", "0.0.0.0", "::", "[::]"}
+
+
+def local_url(host: str, port: int) -> str:
+    """A URL a person on this machine can open: wildcard binds become loopback, IPv6 gets brackets."""
+    if host in _WILDCARDS:
+        host = "[::1]" if ":" in host else "127.0.0.1"
+    elif ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+def curl_example(url: str, model: str, with_key: bool) -> str:
+    body = ('{"model": "%s", "stream": true, "messages": [{"role": "user", "content": "Hello!"}]}' % model)
+    key = ' -H "Authorization: Bearer $EDGE_LLM_API_KEY"' if with_key else ""
+    return f"curl -N {url}/v1/chat/completions -H 'Content-Type: application/json'{key} -d {shlex.quote(body)}"
+
+
+def log_banner(settings: Settings) -> None:
+    facts = model_facts(settings.model)
+    has_keys = bool(settings.api_key or settings.api_key_file)
+    url = local_url(settings.host, settings.port)
+    quantization = facts.quantization if facts else "unknown"
+    memory = facts.memory(settings.ctx_size, n_ubatch=min(settings.batch_size, 512),
+                          n_seq=settings.parallel + settings.cache_slots) if facts else None
+    fields = {
+        "model": settings.model_name,
+        "model_path": str(settings.model),
+        "quantization": quantization,
+        "ctx_size": settings.ctx_size,
+        "threads": settings.threads,
+        "parallel": settings.parallel,
+        "memory_estimate_bytes": memory.total_bytes if memory else None,
+        "web_chat": url + "/",
+        "curl": curl_example(url, settings.model_name, has_keys),
+    }
+    if settings.log_format == "json":
+        logger.info("serving %s on %s (ctx %d, parallel %d, threads %d); loading the model; web chat at %s/",
+                    settings.model_name, url, settings.ctx_size, settings.parallel, settings.threads, url,
+                    extra=fields)
+        return
+    trained = f" (trained on {facts.context_length:,})" if facts and facts.context_length else ""
+    memory_line = (f"~{human_bytes(memory.total_bytes)} = weights {human_bytes(memory.weights_bytes)} + "
+                   f"KV cache {human_bytes(memory.kv_cache_bytes)} + compute ~{human_bytes(memory.compute_bytes)}"
+                   if memory else "unknown (the model header could not be read)")
+    lines = [
+        f"serving {settings.model_name} on {url}; loading the model",
+        f"  model       {settings.model} ({quantization}"
+        + (f", {facts.architecture}, {facts.parameter_count / 1e9:.2f} B parameters)" if facts else ")"),
+        f"  context     {settings.ctx_size:,} tokens shared by up to {settings.parallel} parallel sequences{trained}",
+        f"  threads     {settings.threads} (prompt {settings.threads_batch or settings.threads})",
+        f"  memory      {memory_line}",
+        f"  web chat    {url}/",
+        f"  try it      {curl_example(url, settings.model_name, has_keys)}",
+    ]
+    if has_keys:
+        lines.append("  (API keys are on: the web chat asks for one; /healthz and /readyz stay open)")
+    logger.info("\n".join(lines))  # (text mode puts extra fields on the first line: the lines say it all)

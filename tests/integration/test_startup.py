@@ -1,0 +1,64 @@
+"""`edge-llm serve` start-up as a person meets it: the banner, and one clear line (exit code 1) for a
+taken port, a missing model and a context that does not fit in memory, before any model is loaded."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.server import MODEL, free_port, run_server
+
+
+def serve(*flags: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess[str], float]:
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "edge_llm", "serve", "--model", str(MODEL), "--threads", "2",
+                             *flags], capture_output=True, text=True, timeout=timeout)
+    return result, time.monotonic() - started
+
+
+def test_banner_then_a_second_server_on_the_same_port_is_refused(tmp_path: Path) -> None:
+    with run_server(tmp_path, "--log-format", "text", "--ctx-size", "2048", "--parallel", "2",
+                    "--cache-slots", "0") as server:
+        log = server.log()
+        port = server.url.rsplit(":", 1)[1]
+        assert f"serving {MODEL.name.removesuffix('.gguf')} on {server.url}; loading the model" in log
+        assert "(Q4_K_M, qwen2" in log
+        assert "context     2,048 tokens shared by up to 2 parallel sequences (trained on 32,768)" in log
+        assert "threads     2" in log
+        assert "memory      ~" in log and "KV cache 24.0 MiB" in log  # 24 layers × 2048 × 128 × 2 × 2 bytes
+        assert f"web chat    {server.url}/" in log
+        assert f"try it      curl -N {server.url}/v1/chat/completions" in log
+
+        result, seconds = serve("--port", port)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"edge-llm: error: port {port} is already in use on 127.0.0.1 (another edge-llm serve?). "
+        f"Stop that process, or pick a free port with --port, e.g. --port {int(port) + 1}")
+    assert "model loaded" not in result.stderr  # refused before loading anything
+    assert seconds < 30
+
+
+def test_a_context_too_big_for_memory_is_refused_before_loading() -> None:
+    result, _ = serve("--ctx-size", "4000000", "--port", str(free_port()))
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("edge-llm: error: not enough memory for a context of 4,000,000 tokens")
+    assert "Lower --ctx-size (about 32,768 fits)" in last
+    assert "model loaded" not in result.stderr
+
+
+@pytest.mark.parametrize("content", [None, b"definitely not a model file, just text" * 4])
+def test_a_missing_or_wrong_model_file(tmp_path: Path, content: bytes | None) -> None:
+    path = tmp_path / "model.gguf"
+    if content is not None:
+        path.write_bytes(content)
+    result = subprocess.run([sys.executable, "-m", "edge_llm", "serve", "--model", str(path), "--port",
+                             str(free_port())], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    message = result.stderr.strip()
+    assert message.count("\n") == 0 and message.startswith("edge-llm: error: ")
+    assert ("edge-llm model fetch" in message) if content is None else ("not a GGUF model file" in message)
