@@ -13,7 +13,7 @@ Memory at a context of `n_ctx` tokens (what `edge-llm serve` allocates, llama.cp
 - compute: llama.cpp's graph buffer, dominated by the logits of one micro-batch, estimated as
   4 bytes × n_ubatch × (n_vocab + 2 × n_embd), plus the output buffer, 4 bytes × n_vocab × n_seq
   (one row of logits per sequence). With flash attention (llama.cpp's default on CPU) this does not
-  grow with the context. Measured on Qwen2.5-Coder-0.5B Q4_K_M (n_ubatch 512, 12 sequences):
+  grow with the context. Measured on Qwen2.5-Coder-0.5B Q4_K_M (n_ubatch 512, 12 sequences; the output buffer grows by 4 × n_vocab bytes per sequence):
   300.3 MiB + 7.0 MiB, against 300.3 MiB + 7.0 MiB estimated.
 """
 
@@ -28,10 +28,11 @@ from typing import Any
 
 from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType, Keys
 from gguf import LlamaFileType
+from edge_llm.config import Settings
 
-# Defaults of `edge-llm serve`: micro-batch min(--batch-size, 512); --parallel 4 + --cache-slots 8 sequences.
+# Defaults of `edge-llm serve`: micro-batch min(--batch-size, 512); --parallel + --cache-slots sequences.
 DEFAULT_UBATCH = 512
-DEFAULT_SEQUENCES = 12
+DEFAULT_SEQUENCES = Settings.model_fields["parallel"].default + Settings.model_fields["cache_slots"].default
 
 _SCALARS: dict[GGUFValueType, str] = {
     GGUFValueType.UINT8: "B", GGUFValueType.INT8: "b", GGUFValueType.UINT16: "H", GGUFValueType.INT16: "h",
