@@ -280,3 +280,20 @@ def test_phone_sized_screen_in_dark_mode(browser: Any, web_server: RunningServer
         phone.shot("web-chat-phone-dark.png")
     finally:
         phone.close()
+
+
+def test_new_chat_during_an_answer_aborts_it_and_starts_clean(chat: ChatPage, web_server: RunningServer) -> None:
+    chat.set_key()
+    chat.page.fill("#max-tokens", "2000")
+    set_temperature(chat, 0)
+    before = total(samples(web_server), "edge_llm_cancellations_total")
+    chat.ask("Count from 1 to 1000, each number on its own line. Do not stop early.")
+    wait_for(lambda: len(chat.last_answer_text()) > 10, 180, "the answer to start")
+    chat.page.click("#new-chat")
+    wait_for(lambda: total(samples(web_server), "edge_llm_cancellations_total") > before, 15, "the cancellation")
+    wait_for(lambda: chat.page.is_visible("#send"), 10, "the send button")
+    assert chat.page.locator(".msg").count() == 0
+    chat.page.fill("#max-tokens", "8")
+    chat.ask("Say hi.")
+    chat.wait_done(1)
+    assert [m["role"] for m in chat.chat_requests[-1]["body"]["messages"]] == ["user"]

@@ -358,15 +358,16 @@
     autoResize();
     const settings = currentSettings();
     const userItem = addMessage("user", text);
-    state.messages.push({ role: "user", content: text });
+    const history = state.messages; // "New chat" replaces it: a late end of this answer then changes nothing
+    history.push({ role: "user", content: text });
     const view = new AnswerView();
     const controller = new AbortController();
     state.controller = controller;
     setBusy(true);
 
     const messages = settings.system.trim()
-      ? [{ role: "system", content: settings.system }, ...state.messages]
-      : [...state.messages];
+      ? [{ role: "system", content: settings.system }, ...history]
+      : [...history];
     const body = {
       messages,
       stream: true,
@@ -426,21 +427,21 @@
       }
       view.finish();
       view.stats(final);
-      state.messages.push({ role: "assistant", content });
+      history.push({ role: "assistant", content });
     } catch (error) {
       if (error.name === "AbortError") {
         view.finish();
         view.stats({ ...figures(), note: "stopped", noteClass: "stopped" });
         view.item.dataset.stopped = "true";
         if (content) {
-          state.messages.push({ role: "assistant", content });
+          history.push({ role: "assistant", content });
         } else {
-          state.messages.pop(); // nothing came back: this question is not part of the conversation
+          history.pop(); // nothing came back: this question is not part of the conversation
           userItem.classList.add("dropped");
         }
       } else {
         view.fail(error.message || String(error));
-        state.messages.pop();
+        history.pop();
         userItem.classList.add("dropped");
         if (!ui.prompt.value) { ui.prompt.value = text; autoResize(); }
         if (/API key/.test(error.message)) openSettings(ui.apiKey);
