@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType, Keys
-from gguf import LlamaFileType
+from gguf import GGML_QUANT_SIZES, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType, Keys, LlamaFileType
+
 from edge_llm.config import Settings
 
 # Defaults of `edge-llm serve`: micro-batch min(--batch-size, 512); --parallel + --cache-slots sequences.
