@@ -131,6 +131,21 @@ class ContextConfig:
     n_threads_batch: int
 
 
+class _LoadProgress:
+    """Logs model-loading progress in quarters (llama.cpp calls back with a fraction)."""
+
+    def __init__(self, model_path: Path) -> None:
+        self._name = model_path.name
+        self._next = 0.25
+        self.callback = llama_cpp.llama_progress_callback(self._report)  # kept alive while loading
+
+    def _report(self, fraction: float, _user_data: ctypes.c_void_p) -> bool:
+        while fraction >= self._next and self._next <= 1.0:
+            logger.info("loading %s: %d%%", self._name, round(self._next * 100))
+            self._next += 0.25
+        return True
+
+
 class Sampler:
     """A native llama.cpp sampler chain, one per sequence."""
 
@@ -151,6 +166,8 @@ class LlamaRunner:
         self.config = config
         self.model_path = model_path
         model_params = llama_cpp.llama_model_default_params()
+        progress = _LoadProgress(model_path)
+        model_params.progress_callback = progress.callback
         self._model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), model_params)
         if not self._model:
             raise ModelLoadError(f"llama.cpp could not load {model_path} (corrupt, truncated or unsupported GGUF)")
