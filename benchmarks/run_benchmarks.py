@@ -191,7 +191,7 @@ def run_raw(model: Path, plan: Plan, prefix_text: str) -> dict[str, Any]:
         raw_run(ctx, prompt, 1, 8)  # warm-up: page the weights in
         for n_seqs in RAW_BATCHES:
             runs = [
-                measure_quietly(f"raw batch {n_seqs}", lambda: raw_run(ctx, prompt, n_seqs, NEW_TOKENS), [], plan)
+                measure_quietly(f"raw batch {n_seqs}", lambda _: raw_run(ctx, prompt, n_seqs, NEW_TOKENS), [], plan)
                 for _ in range(plan.raw_repeats)
             ]
             results.append(summarize_raw(n_seqs, len(prompt), runs))
@@ -291,16 +291,16 @@ class CpuWatch:
 MeasureResult = TypeVar("MeasureResult", bound=dict)
 
 
-def measure_quietly(label: str, measure: Callable[[], MeasureResult], pids: Sequence[int], plan: Plan,
+def measure_quietly(label: str, measure: Callable[[int], MeasureResult], pids: Sequence[int], plan: Plan,
                     threshold: float = 0.15) -> MeasureResult:
-    """Runs `measure` on a quiet machine; again (at most `plan.attempts` times in all) while other
+    """Runs `measure(attempt)` on a quiet machine; again (at most `plan.attempts` times in all) while other
     processes used more than `threshold` of the CPUs meanwhile. Returns the least disturbed attempt,
     with `neighbour_cpu` (that share) and `attempts` added."""
     best: dict[str, Any] | None = None
     for attempt in range(1, plan.attempts + 1):
         wait_for_quiet(label, plan.quiet_wait_s)
         with CpuWatch(pids) as watch:
-            result = measure()
+            result = measure(attempt)
         result = {**result, "neighbour_cpu": watch.neighbour_share, "attempts": attempt}
         if best is None or watch.neighbour_share < best["neighbour_cpu"]:
             best = result
@@ -427,17 +427,20 @@ def load_server(name: str, base_url: str, pid: int, plan: Plan, prefix: str) -> 
                                model=asyncio.run(bench.discover_model(config)))
     prompts = list(bench.DEFAULT_PROMPTS)
     if plan.warmup:
-        asyncio.run(bench.run_level(config, 1, plan.warmup, prompts[-plan.warmup:]))
+        asyncio.run(bench.run_level(config, 1, plan.warmup, prompts, tag="warmup"))
 
-    def one_level(clients: int) -> dict[str, Any]:
+    def one_level(clients: int, attempt: int) -> dict[str, Any]:
         bar = bench.ProgressBar(f"{name} {clients:>2} clients")
-        return asyncio.run(bench.run_level(config, clients, plan.requests_for(clients), prompts, bar)).to_dict()
+        # Tagged: every request of the run has its own prompt (the same ones for ours and the peer).
+        tag = f"c{clients}t{attempt}"
+        level = bench.run_level(config, clients, plan.requests_for(clients), prompts, bar, tag=tag)
+        return asyncio.run(level).to_dict()
 
-    levels = [measure_quietly(f"{name} {clients} clients", lambda: one_level(clients), [pid], plan)
+    levels = [measure_quietly(f"{name} {clients} clients", lambda attempt: one_level(clients, attempt), [pid], plan)
               for clients in CLIENT_LEVELS]
     # Not repeated: a second try would find the prefix cached.
     prefix_plan = Plan(**{**plan.__dict__, "attempts": 1})
-    shared = measure_quietly(f"{name} shared prefix", lambda: asyncio.run(shared_prefix(config, plan, prefix)),
+    shared = measure_quietly(f"{name} shared prefix", lambda _: asyncio.run(shared_prefix(config, plan, prefix)),
                              [pid], prefix_plan)
     return {"model": config.model, "levels": levels, "shared_prefix": shared}
 

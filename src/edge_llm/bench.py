@@ -322,20 +322,32 @@ async def stream_chat(client: httpx.AsyncClient, config: BenchConfig, prompt: st
     return recorder.finish(time.monotonic())
 
 
+def request_prompt(prompts: Sequence[str], index: int, tag: str | None) -> str:
+    """The prompt of request `index`: round-robin, and made unique by `tag` when one is given.
+
+    The tag goes first, so that a server's prefix cache can reuse what precedes the user's
+    message (the system prompt) but not a whole earlier prompt: a load test whose requests repeat
+    each other would mostly measure the cache.
+    """
+    prompt = prompts[index % len(prompts)]
+    return f"[{tag}-{index}] {prompt}" if tag is not None else prompt
+
+
 async def run_level(
     config: BenchConfig,
     concurrency: int,
     n_requests: int,
     prompts: Sequence[str],
     progress: ProgressCallback | None = None,
+    tag: str | None = None,
 ) -> LevelStats:
-    """`concurrency` clients share `n_requests` requests; prompts are used round-robin."""
+    """`concurrency` clients share `n_requests` requests; prompts are used round-robin (see `request_prompt`)."""
     results: list[StreamResult] = []
     next_index = iter(range(n_requests))
 
     async def client_loop(client: httpx.AsyncClient) -> None:
         for index in next_index:
-            results.append(await stream_chat(client, config, prompts[index % len(prompts)]))
+            results.append(await stream_chat(client, config, request_prompt(prompts, index, tag)))
             if progress is not None:
                 progress(len(results), n_requests)
 
@@ -363,14 +375,17 @@ async def run_benchmark(
     prompts: Sequence[str],
     *,
     warmup: int = 1,
+    distinct: bool = True,
     progress_factory: Callable[[int], ProgressCallback | None] | None = None,
 ) -> list[LevelStats]:
+    """Levels in turn; with `distinct`, no two requests of the run send the same prompt."""
     if warmup > 0:
-        await run_level(config, 1, warmup, prompts)
+        await run_level(config, 1, warmup, prompts, tag="warmup" if distinct else None)
     stats: list[LevelStats] = []
     for concurrency in levels:
         progress = progress_factory(concurrency) if progress_factory else None
-        stats.append(await run_level(config, concurrency, n_requests, prompts, progress))
+        tag = f"c{concurrency}" if distinct else None
+        stats.append(await run_level(config, concurrency, n_requests, prompts, progress, tag))
     return stats
 
 
@@ -432,6 +447,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model name to send (default: the first one /v1/models lists)")
     parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default: 0)")
     parser.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
+    parser.add_argument("--repeat-prompts", action="store_true",
+                        help="send the prompts as they are (by default each request's prompt is made unique with "
+                        "a '[c4-17] ' tag, so that a prefix cache cannot serve whole repeated prompts)")
     parser.add_argument("--warmup", type=int, default=1, metavar="N", help="untimed requests first (default: 1)")
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write the results as JSON to OUT")
 
@@ -474,6 +492,6 @@ async def _run_cli(args: argparse.Namespace, prompts: list[str]) -> list[LevelSt
         model = await discover_model(config)
         config = BenchConfig(**{**asdict(config), "model": model})
     return await run_benchmark(
-        config, args.concurrency, args.requests, prompts, warmup=args.warmup,
+        config, args.concurrency, args.requests, prompts, warmup=args.warmup, distinct=not args.repeat_prompts,
         progress_factory=lambda concurrency: ProgressBar(f"{concurrency:>3} clients"),
     )

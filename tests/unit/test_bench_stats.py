@@ -21,6 +21,7 @@ from edge_llm.bench import (
     parse_levels,
     parse_sse_data,
     percentile,
+    request_prompt,
     stream_tokens_per_second,
     summarize_level,
 )
@@ -208,3 +209,11 @@ def test_load_prompts(tmp_path: Path) -> None:
     bad.write_text(json.dumps({"a": 1}))
     with pytest.raises(ValueError):
         load_prompts(bad)
+
+
+def test_request_prompts_cycle_and_are_made_unique_by_the_tag() -> None:
+    prompts = ["a", "b"]
+    assert [request_prompt(prompts, i, None) for i in range(3)] == ["a", "b", "a"]
+    tagged = [request_prompt(prompts, i, "c4") for i in range(4)]
+    assert tagged == ["[c4-0] a", "[c4-1] b", "[c4-2] a", "[c4-3] b"]
+    assert request_prompt(prompts, 0, "c1") != request_prompt(prompts, 0, "c4")
