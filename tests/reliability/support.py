@@ -1,0 +1,171 @@
+"""Helpers shared by the reliability suite: the error envelope, metrics, process memory, raw HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.integration.server import RunningServer
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+TIMEOUT = 300  # the machine is shared: assert on outcomes, not on speed
+ENVELOPE_KEYS = {"message", "type", "param", "code"}
+
+
+def env_int(name: str, default: int) -> int:
+    """A size knob of the suite (documented in docs/reliability.md)."""
+    value = os.environ.get(name, "").strip()
+    return int(value) if value else default
+
+
+def chat_body(content: str = "Say hi.", **fields: Any) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": content}], "temperature": 0, "max_tokens": 2, **fields}
+
+
+def assert_envelope(status: int, body: bytes | str, where: str = "") -> dict[str, Any]:
+    """An error answer is OpenAI's envelope: {"error": {"message", "type", "param", "code"}}, message non-empty."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        raise AssertionError(f"{where}: status {status} with a body that is not JSON: {body[:300]!r}") from None
+    assert isinstance(parsed, dict) and set(parsed) == {"error"}, f"{where}: {status} {parsed!r:.300}"
+    error = parsed["error"]
+    assert isinstance(error, dict) and set(error) == ENVELOPE_KEYS, f"{where}: {status} {error!r:.300}"
+    assert isinstance(error["message"], str) and error["message"], f"{where}: {error!r:.300}"
+    assert isinstance(error["type"], str) and error["type"], f"{where}: {error!r:.300}"
+    assert error["param"] is None or isinstance(error["param"], str), f"{where}: {error!r:.300}"
+    assert error["code"] is None or isinstance(error["code"], str), f"{where}: {error!r:.300}"
+    return error
+
+
+def assert_error(response: httpx.Response, status: int, code: str | None = None,
+                 param_prefix: str | None = None) -> dict[str, Any]:
+    assert response.status_code == status, f"expected {status}, got {response.status_code}: {response.text[:500]}"
+    error = assert_envelope(response.status_code, response.content, str(response.request.url))
+    if code is not None:
+        assert error["code"] == code, error
+    if param_prefix is not None:
+        assert (error["param"] or "").startswith(param_prefix), error
+    return error
+
+
+def post_raw(server: RunningServer, path: str, body: bytes, timeout: float = TIMEOUT, **headers: str
+             ) -> httpx.Response:
+    return httpx.post(server.url + path, content=body, timeout=timeout,
+                      headers={"content-type": "application/json", **headers})
+
+
+# ---- metrics -------------------------------------------------------------------------------------------
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(server: RunningServer) -> Samples:
+    response = httpx.get(server.url + "/metrics", timeout=60)
+    assert response.status_code == 200, response.text
+    samples: Samples = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def metric(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 60, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def wait_idle(server: RunningServer, timeout: float = 60) -> Samples:
+    """Waits until no sequence runs, none waits and no HTTP request is in flight; returns that scrape."""
+    last: list[Samples] = []
+
+    def idle() -> bool:
+        samples = scrape(server)
+        last[:] = [samples]
+        return all(metric(samples, name) == 0 for name in
+                   ("edge_llm_running_sequences", "edge_llm_queue_depth", "edge_llm_http_requests_in_flight"))
+
+    wait_for(idle, timeout, "the engine to go idle")
+    return last[0]
+
+
+def assert_serving(server: RunningServer) -> None:
+    """The process lives, the probes are green and a small generation completes."""
+    assert server.process.poll() is None, f"the server exited with {server.process.returncode}:\n{server.log()[-3000:]}"
+    assert httpx.get(server.url + "/healthz", timeout=30).status_code == 200
+    assert httpx.get(server.url + "/readyz", timeout=30).status_code == 200
+    response = httpx.post(server.url + CHAT, json=chat_body("Say OK."), timeout=TIMEOUT)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def assert_no_unhandled_errors(server: RunningServer) -> None:
+    log = server.log()
+    assert "unhandled error" not in log and "internal_error" not in log, log[-5000:]
+
+
+# ---- process memory ---------------------------------------------------------------------------------------
+
+
+def rss_anon_kib(pid: int) -> int:
+    """RssAnon of a process from /proc/PID/status, in KiB (anonymous memory: heap, arenas, not the model mmap)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no RssAnon in /proc/{pid}/status")
+
+
+def slope(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of y over x."""
+    n = len(points)
+    mean_x = sum(x for x, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    var_x = sum((x - mean_x) ** 2 for x, _ in points)
+    if var_x == 0:
+        return 0.0
+    return sum((x - mean_x) * (y - mean_y) for x, y in points) / var_x
+
+
+# ---- raw HTTP -----------------------------------------------------------------------------------------------
+
+
+def port_of(server: RunningServer) -> int:
+    return int(server.url.rsplit(":", 1)[1])
+
+
+def raw_head(method: str, path: str, headers: list[tuple[str, str]]) -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", *(f"{k}: {v}" for k, v in headers)]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def read_response_head(sock: socket.socket, limit: int = 65536) -> bytes:
+    """Reads until the end of the response head (or until the server closes)."""
+    data = b""
+    while b"\r\n\r\n" not in data and len(data) < limit:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def status_of(head: bytes) -> int:
+    assert head.startswith(b"HTTP/1.1 "), head[:200]
+    return int(head.split(b" ", 2)[1])

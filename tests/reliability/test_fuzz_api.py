@@ -1,0 +1,182 @@
+"""API fuzzing with schemathesis against the server's own /openapi.json (issue 6).
+
+Every operation of the live document gets positive cases (valid by the schema) and, where it has inputs,
+negative ones (schema violations, wrong types, raw non-JSON and non-UTF-8 bodies); NUL bytes are allowed in
+strings. On top of that, every generated JSON body is also sent once with invalid UTF-8 and once with a lone
+surrogate escape inside a string. Whatever comes: no 5xx, every 4xx in OpenAI's error envelope, every stream
+ends properly, and afterwards the server still serves. `EDGE_LLM_FUZZ_EXAMPLES` (default 12) sets the
+examples per operation and mode.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from schemathesis import GenerationMode
+
+from tests.integration.server import RunningServer, run_server
+from tests.reliability.support import (
+    Samples,
+    TIMEOUT,
+    assert_envelope,
+    assert_no_unhandled_errors,
+    assert_serving,
+    env_int,
+    metric,
+    scrape,
+    wait_idle,
+)
+
+EXAMPLES = env_int("EDGE_LLM_FUZZ_EXAMPLES", 12)
+
+# Every operation of /openapi.json; test_every_documented_operation_is_fuzzed keeps this list honest.
+OPERATIONS = [
+    ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/completions"),
+    ("POST", "/tokenize"),
+    ("POST", "/detokenize"),
+    ("GET", "/v1/models"),
+    ("GET", "/v1/models/{model_id}"),
+    ("GET", "/healthz"),
+    ("GET", "/readyz"),
+    ("GET", "/metrics"),
+]
+# The GET operations have no negative case to generate (no body, and any string is a valid model id);
+# their negative side is test_wrong_methods_and_unknown_paths_get_the_envelope (and the positive cases'
+# random model ids, which get 404 envelopes).
+WITH_INPUTS = [op for op in OPERATIONS if op[0] == "POST"]
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    # Generation stays cheap: at most 8 tokens a choice, a small context, two sequences at a time.
+    with run_server(tmp_path_factory.mktemp("fuzz"), "--max-tokens-cap", "8", "--ctx-size", "2048",
+                    "--parallel", "2", "--cache-slots", "2") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def before_fuzzing(fuzz_server: RunningServer) -> Samples:
+    """The metrics before any fuzzing (start-up polled /readyz while the model loaded: 503 "loading")."""
+    return scrape(fuzz_server)
+
+
+@pytest.fixture(scope="module")
+def api_schema(fuzz_server: RunningServer, before_fuzzing: Samples) -> schemathesis.BaseSchema:
+    schema = schemathesis.openapi.from_url(fuzz_server.url + "/openapi.json", timeout=60)
+    schema.config.generation.update(allow_x00=True)  # NUL characters inside generated strings
+    return schema
+
+
+def operation_of(schema: schemathesis.BaseSchema, method: str, path: str) -> Any:
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        if operation.method.upper() == method and operation.path == path:
+            return operation
+    raise AssertionError(f"{method} {path} is not in /openapi.json")
+
+
+def check_answer(status: int, headers: dict[str, str], body: bytes, where: str) -> None:
+    assert status < 500, f"{where}: {status} {body[:500]!r}"
+    if status >= 400:
+        assert_envelope(status, body, where)
+        return
+    content_type = headers.get("content-type", "")
+    if content_type.startswith("text/event-stream"):
+        # A stream ends with its end marker: [DONE] (OpenAI shapes) or a done / error event (simple body).
+        assert body.endswith(b"data: [DONE]\n\n") or b"event: done\n" in body or b"event: error\n" in body, \
+            f"{where}: the stream did not end properly: {body[-300:]!r}"
+    elif content_type.startswith("application/json"):
+        json.loads(body)
+
+
+def mutated_bodies(body: dict[str, Any]) -> list[tuple[str, bytes]]:
+    """The body with invalid UTF-8, and with a lone surrogate escape, at the start of its first string value."""
+    text = json.dumps(body)  # ASCII only: every non-ASCII character is an escape
+    cut = text.find('": "')
+    if cut < 0:
+        return []
+    cut += len('": "')
+    return [
+        ("invalid UTF-8", text[:cut].encode() + b"\xff\xc0\xaf" + text[cut:].encode()),
+        ("lone surrogate", (text[:cut] + "\\ud800" + text[cut:]).encode()),
+    ]
+
+
+def fuzz(server: RunningServer, schema: schemathesis.BaseSchema, method: str, path: str,
+         mode: GenerationMode) -> int:
+    operation = operation_of(schema, method, path)
+    sent = [0]
+
+    @given(case=operation.as_strategy(generation_mode=mode))
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    def run(case: schemathesis.Case) -> None:
+        where = f"{mode.value} {method} {path}: {case.as_curl_command()[:800]}"
+        response = case.call(base_url=server.url, timeout=TIMEOUT)
+        sent[0] += 1
+        check_answer(response.status_code, {k.lower(): v[0] for k, v in response.headers.items()},
+                     response.content, where)
+        if isinstance(case.body, dict):
+            for name, raw in mutated_bodies(case.body):
+                mutated = httpx.request(method, server.url + case.formatted_path, content=raw, timeout=TIMEOUT,
+                                        headers={"content-type": "application/json"})
+                sent[0] += 1
+                assert mutated.status_code == 400, f"{name}: {where}: {mutated.status_code} {mutated.text[:300]}"
+                assert assert_envelope(400, mutated.content, where)["code"] == "invalid_json"
+
+    run()
+    return sent[0]
+
+
+def test_every_documented_operation_is_fuzzed(api_schema: schemathesis.BaseSchema) -> None:
+    documented = {(result.ok().method.upper(), result.ok().path) for result in api_schema.get_all_operations()}
+    assert documented == set(OPERATIONS)
+
+
+@pytest.mark.parametrize(("method", "path"), OPERATIONS, ids=[f"{m} {p}" for m, p in OPERATIONS])
+def test_positive_cases(fuzz_server: RunningServer, api_schema: schemathesis.BaseSchema, method: str,
+                        path: str) -> None:
+    assert fuzz(fuzz_server, api_schema, method, path, GenerationMode.POSITIVE) >= 1
+
+
+@pytest.mark.parametrize(("method", "path"), WITH_INPUTS, ids=[f"{m} {p}" for m, p in WITH_INPUTS])
+def test_negative_cases(fuzz_server: RunningServer, api_schema: schemathesis.BaseSchema, method: str,
+                        path: str) -> None:
+    assert fuzz(fuzz_server, api_schema, method, path, GenerationMode.NEGATIVE) >= 1
+
+
+def test_wrong_methods_and_unknown_paths_get_the_envelope(fuzz_server: RunningServer) -> None:
+    for method, path in OPERATIONS:
+        concrete = path.replace("{model_id}", "x")
+        for wrong in ("GET", "POST", "PUT", "DELETE", "PATCH"):
+            if wrong == method:
+                continue
+            response = httpx.request(wrong, fuzz_server.url + concrete, content=b"{}", timeout=TIMEOUT)
+            where = f"{wrong} {concrete}"
+            # /v1/models/{id} answers GET only; a POST to the template's path is a 405, not a 404.
+            assert response.status_code in (404, 405), f"{where}: {response.status_code} {response.text[:300]}"
+            assert_envelope(response.status_code, response.content, where)
+    for path in ("/nope", "/v1", "/v1/chat", "/%00", "/v1/models/../../etc/passwd", "/" + "a" * 4000):
+        response = httpx.get(fuzz_server.url + path, timeout=TIMEOUT)
+        assert 400 <= response.status_code < 500, (path, response.status_code)
+        assert_envelope(response.status_code, response.content, path)
+
+
+def test_the_server_still_serves_after_fuzzing(fuzz_server: RunningServer, before_fuzzing: Samples) -> None:
+    samples = wait_idle(fuzz_server)
+    server_errors = {labels: value - before_fuzzing.get((name, labels), 0.0)
+                     for (name, labels), value in samples.items()
+                     if name == "edge_llm_http_requests_total" and dict(labels)["status"].startswith("5")}
+    assert not any(server_errors.values()), server_errors
+    assert metric(samples, "edge_llm_http_requests_total", route="/v1/chat/completions", method="POST",
+                  status="200") >= 1
+    assert_serving(fuzz_server)
+    assert metric(scrape(fuzz_server), "edge_llm_engine_alive") == 1
+    assert_no_unhandled_errors(fuzz_server)
