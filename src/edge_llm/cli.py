@@ -110,6 +110,11 @@ class _ProgressBar:
 
     def update(self, done: int, total: int) -> None:
         percent = done * 100 // max(total, 1)
+        if not sys.stderr.isatty():  # a log file, not a terminal: one line every 20%
+            if percent // 20 != self._last // 20 or self._last < 0:
+                self._last = percent
+                sys.stderr.write(f"{self.label}: {percent}% {done / 1e6:.0f}/{total / 1e6:.0f} MB\n")
+            return
         if percent != self._last:
             self._last = percent
             self._shown = True
