@@ -694,7 +694,10 @@ class ChatService:
                 self._abort(generation)
                 result.cancel()
         if not result.done():
-            raise asyncio.CancelledError()
+            # The client left: nobody reads this answer, but it ends the request as handled (access status
+            # 499) instead of as an exception that uvicorn logs with a traceback.
+            raise APIError(499, "The client closed the connection before the answer",
+                           code="client_closed_request", error_type="invalid_request_error")
         return result.result()
 
     @staticmethod
