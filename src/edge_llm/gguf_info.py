@@ -62,6 +62,7 @@ class TensorInfo:
     type_name: str
     n_elements: int
     n_bytes: int
+    offset: int = 0  # into the data section
 
 
 @dataclass(frozen=True)
@@ -236,12 +237,12 @@ def _walk(cursor: _Cursor) -> tuple[int, dict[str, Any], list[TensorInfo]]:
             raise GGUFInfoError(f"tensor {name!r} claims {n_dims} dimensions (corrupt header?)")
         shape = tuple(cursor.unpack("Q") for _ in range(n_dims))
         type_id = cursor.unpack("I")
-        cursor.unpack("Q")  # offset into the data section
+        offset = cursor.unpack("Q")
         n_elements = 1
         for dim in shape:
             n_elements *= dim
         type_name, n_bytes = _tensor_bytes(type_id, n_elements)
-        tensors.append(TensorInfo(name, shape, type_name, n_elements, n_bytes))
+        tensors.append(TensorInfo(name, shape, type_name, n_elements, n_bytes, offset))
     return version, metadata, tensors
 
 
@@ -259,6 +260,7 @@ def read_model_facts(path: Path) -> ModelFacts:
                 cursor = _Cursor(buffer, endian)
                 cursor.offset = 4
                 version, metadata, tensors = _walk(cursor)
+                header_end = cursor.offset
     except FileNotFoundError:
         raise GGUFInfoError(f"file not found: {path}") from None
     except IsADirectoryError:
@@ -267,6 +269,11 @@ def read_model_facts(path: Path) -> ModelFacts:
         raise GGUFInfoError(f"permission denied: {path}") from None
     if version < 2:
         raise GGUFInfoError(f"GGUF version {version} is too old (2 or later is supported): {path}")
+    alignment = int(metadata.get("general.alignment", 32) or 32)
+    data_start = -(-header_end // alignment) * alignment
+    needed = data_start + max((t.offset + t.n_bytes for t in tensors), default=0)
+    if size < needed:
+        raise GGUFInfoError(f"the file is truncated ({size:,} bytes; its tensors need {needed:,}): {path}")
     return _facts(path, size, version, metadata, tensors)
 
 

@@ -61,6 +61,12 @@ def check_model_file(path: Path) -> None:
     with path.open("rb") as file:
         if file.read(4) != GGUF_MAGIC:
             raise ModelFileError(f"not a GGUF model file (bad magic bytes): {path}")
+    from edge_llm.gguf_info import GGUFInfoError, read_model_facts
+
+    try:
+        read_model_facts(path)  # the header walk: a corrupt header or a truncated file, before anything loads
+    except GGUFInfoError as exc:
+        raise ModelFileError(f"unusable GGUF model: {exc}") from None
 
 
 def fetch(model: ChunkedModel, models_dir: Path, progress: Progress | None = None) -> Path:
