@@ -66,7 +66,8 @@ def check_model_file(path: Path) -> None:
     try:
         read_model_facts(path)  # the header walk: a corrupt header or a truncated file, before anything loads
     except GGUFInfoError as exc:
-        raise ModelFileError(f"unusable GGUF model: {exc}") from None
+        message = str(exc) if str(path) in str(exc) else f"{exc}: {path}"
+        raise ModelFileError(f"unusable GGUF model: {message}") from None
 
 
 def fetch(model: ChunkedModel, models_dir: Path, progress: Progress | None = None) -> Path:
