@@ -371,16 +371,7 @@ class ChatService:
                 "finish_reason": "tool_calls" if calls else result.finished.reason.value,
             })
         finished = [r.finished for r in results]
-        return {
-            "id": new_completion_id(),
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": self.model_id,
-            "choices": choices,
-            "usage": usage_info(total_usage(generation, finished)).model_dump(),
-            "system_fingerprint": None,
-            "timings": merged_timings(finished),
-        }
+        return self._response_body(new_completion_id(), "chat.completion", choices, generation, finished)
 
     async def _chat_chunks(self, generation: Generation, plan: ChatPlan, include_usage: bool
                            ) -> AsyncIterator[bytes]:
@@ -460,9 +451,15 @@ class ChatService:
                 "finish_reason": result.finished.reason.value,
             })
         finished = [r.finished for r in results]
+        return self._response_body("cmpl-" + new_completion_id().removeprefix("chatcmpl-"), "text_completion",
+                                   choices, generation, finished)
+
+    def _response_body(self, completion_id: str, kind: str, choices: list[dict[str, Any]],
+                       generation: Generation, finished: list[Finished | None]) -> dict[str, Any]:
+        """The non-streamed answer of both endpoints: choices, summed usage and the extra `timings`."""
         return {
-            "id": "cmpl-" + new_completion_id().removeprefix("chatcmpl-"),
-            "object": "text_completion",
+            "id": completion_id,
+            "object": kind,
             "created": int(time.time()),
             "model": self.model_id,
             "choices": choices,
