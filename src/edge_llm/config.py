@@ -77,6 +77,12 @@ class Settings(BaseSettings):
     # Sampling defaults
     default_temperature: float = Field(0.7, ge=0.0, le=2.0, description="Temperature when a request gives none.")
     default_top_p: float = Field(0.9, gt=0.0, le=1.0, description="top_p when a request gives none.")
+    default_top_k: int = Field(
+        40, ge=0, le=1000,
+        description="top_k when a request gives none; 0 turns it off. At temperature > 0 only the k likeliest "
+        "tokens are sampled from: as in llama-server and Ollama, and without it top_p sorts the whole "
+        "vocabulary for every token (about 1.6 ms a token here, over a tenth of an 8-sequence step).",
+    )
     default_max_tokens: int = Field(128, ge=1, description="max_tokens when a request gives none.")
 
     # Security and exposure

@@ -12,7 +12,7 @@ from edge_llm.api.protocol import ChatCompletionRequest, SamplingDefaults, Simpl
 from edge_llm.chat_template import TemplateError
 from edge_llm.engine.types import EngineUnavailableError, QueueFullError
 
-DEFAULTS = SamplingDefaults(temperature=0.7, top_p=0.9, max_tokens=128)
+DEFAULTS = SamplingDefaults(temperature=0.7, top_p=0.9, top_k=40, max_tokens=128)
 USER = [{"role": "user", "content": "hi"}]
 
 
@@ -37,7 +37,8 @@ def test_chat_defaults() -> None:
     params = request.sampling_params(DEFAULTS)
     assert params.temperature == 0.7
     assert params.top_p == 0.9
-    assert params.top_k == 0 and params.min_p == 0.0 and params.seed is None
+    assert params.top_k == 40 and params.min_p == 0.0 and params.seed is None
+    assert chat(top_k=0).sampling_params(DEFAULTS).top_k == 0  # an explicit 0 turns the default off
     assert params.repeat_penalty == 1.0 and params.presence_penalty == 0.0
     assert request.requested_max_tokens(DEFAULTS) == 128
 
@@ -164,7 +165,7 @@ def test_simple_prompt_request_defaults_and_overrides() -> None:
     request = SimplePromptRequest.model_validate({"prompt": "Tell me"})
     assert request.to_messages() == [{"role": "user", "content": "Tell me"}]
     params = request.sampling_params(DEFAULTS)
-    assert (params.temperature, params.top_p) == (0.7, 0.9)
+    assert (params.temperature, params.top_p, params.top_k) == (0.7, 0.9, 40)
     assert request.requested_max_tokens(DEFAULTS) == 128
     request = SimplePromptRequest.model_validate({"prompt": "x", "temperature": 0, "top_p": 0.5, "max_tokens": 3})
     params = request.sampling_params(DEFAULTS)

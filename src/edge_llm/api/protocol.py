@@ -31,6 +31,7 @@ class ErrorResponse(BaseModel):
 class SamplingDefaults(BaseModel):
     temperature: float
     top_p: float
+    top_k: int
     max_tokens: int
 
 
@@ -60,6 +61,7 @@ class SimplePromptRequest(_Strict):
         return SamplingParams(
             temperature=defaults.temperature if self.temperature is None else self.temperature,
             top_p=defaults.top_p if self.top_p is None else self.top_p,
+            top_k=defaults.top_k,
         )
 
     def requested_max_tokens(self, defaults: SamplingDefaults) -> int:
@@ -236,7 +238,7 @@ class _GenerationFields(_Strict):
         return SamplingParams(
             temperature=defaults.temperature if self.temperature is None else self.temperature,
             top_p=defaults.top_p if self.top_p is None else self.top_p,
-            top_k=self.top_k or 0,
+            top_k=defaults.top_k if self.top_k is None else self.top_k,
             min_p=self.min_p or 0.0,
             # Each of the n choices gets its own seed, or they would all be the same text.
             seed=None if self.seed is None else (self.seed + choice) & 0xFFFFFFFF,

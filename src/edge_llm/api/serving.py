@@ -186,6 +186,7 @@ class ChatService:
         self.defaults = SamplingDefaults(
             temperature=settings.default_temperature,
             top_p=settings.default_top_p,
+            top_k=settings.default_top_k,
             max_tokens=settings.default_max_tokens,
         )
         self.model_id = settings.model_name
