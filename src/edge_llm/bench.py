@@ -244,6 +244,16 @@ def parse_levels(text: str) -> list[int]:
     return levels
 
 
+def parse_extra_body(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"--extra-body is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("--extra-body must be a JSON object")
+    return value
+
+
 def chat_url(base_url: str) -> str:
     """Accepts `http://host:port`, `.../v1` or the full `.../v1/chat/completions`."""
     url = base_url.rstrip("/")
@@ -279,6 +289,7 @@ class BenchConfig:
     api_key: str | None = None
     system_prompt: str | None = None
     timeout_s: float = 600.0
+    extra_body: dict[str, Any] = field(default_factory=dict)  # merged into every request body
 
     def body(self, prompt: str) -> dict[str, Any]:
         messages: list[dict[str, str]] = []
@@ -294,6 +305,7 @@ class BenchConfig:
         }
         if self.model:
             body["model"] = self.model
+        body.update(self.extra_body)
         return body
 
     def headers(self) -> dict[str, str]:
@@ -450,6 +462,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeat-prompts", action="store_true",
                         help="send the prompts as they are (by default each request's prompt is made unique with "
                         "a '[c4-17] ' tag, so that a prefix cache cannot serve whole repeated prompts)")
+    parser.add_argument("--extra-body", type=parse_extra_body, default={}, metavar="JSON",
+                        help="a JSON object merged into every request body, e.g. '{\"ignore_eos\": true}' for "
+                        "llama-server or '{\"logit_bias\": {\"151645\": -100}}' so that every answer runs to "
+                        "--max-tokens")
     parser.add_argument("--warmup", type=int, default=1, metavar="N", help="untimed requests first (default: 1)")
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write the results as JSON to OUT")
 
@@ -487,7 +503,7 @@ def run_cli(args: argparse.Namespace) -> int:
 
 async def _run_cli(args: argparse.Namespace, prompts: list[str]) -> list[LevelStats]:
     config = BenchConfig(base_url=args.url, max_tokens=args.max_tokens, temperature=args.temperature,
-                         model=args.model, api_key=args.api_key)
+                         model=args.model, api_key=args.api_key, extra_body=args.extra_body)
     if config.model is None:
         model = await discover_model(config)
         config = BenchConfig(**{**asdict(config), "model": model})

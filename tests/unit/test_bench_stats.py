@@ -18,6 +18,7 @@ from edge_llm.bench import (
     level_wall_time,
     load_prompts,
     models_url,
+    parse_extra_body,
     parse_levels,
     parse_sse_data,
     percentile,
@@ -198,6 +199,16 @@ def test_request_body_streams_with_usage() -> None:
     assert body["temperature"] == 0.0
     assert body["messages"] == [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]
     assert "model" not in BenchConfig("http://h").body("hi")
+
+
+def test_extra_body_is_merged_into_every_request() -> None:
+    extra = parse_extra_body('{"logit_bias": {"151645": -100}, "max_tokens": 3}')
+    body = BenchConfig("http://h", max_tokens=8, extra_body=extra).body("hi")
+    assert body["logit_bias"] == {"151645": -100}
+    assert body["max_tokens"] == 3  # the extra body wins
+    for bad in ("[1]", "{nope"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_extra_body(bad)
 
 
 def test_load_prompts(tmp_path: Path) -> None:
