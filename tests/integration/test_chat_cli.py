@@ -10,14 +10,12 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from tests.helpers import scrape, total, wait_for
 from tests.integration.server import RunningServer, run_server
 
 KEY = "chat-cli-test-key"
@@ -60,18 +58,7 @@ def wait_for_prompts(server: RunningServer, count: int) -> list[Any]:
 
 
 def cancellations(server: RunningServer) -> float:
-    text = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}, timeout=30).text
-    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
-               if sample.name == "edge_llm_cancellations_total")
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    return total(scrape(server, {"Authorization": f"Bearer {KEY}"}), "edge_llm_cancellations_total")
 
 
 def test_one_shot_prints_only_the_answer(chat_server: RunningServer) -> None:

@@ -12,16 +12,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from edge_llm.api.sse import decode_events
+from tests.helpers import chat_body, metric, port_of, scrape, wait_for
 from tests.integration.server import MODEL, MODEL_ID, RunningServer, free_port, run_server
 
 CHAT = "/v1/chat/completions"
@@ -33,34 +33,6 @@ TIMEOUT = 300  # the machine is shared: be patient, assert on outcomes rather th
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-
-
-def chat_body(content: str = "Say hi.", **fields: Any) -> dict[str, Any]:
-    return {"messages": [{"role": "user", "content": content}], "temperature": 0, "max_tokens": 2, **fields}
-
-
-def scrape(server: RunningServer, headers: dict[str, str] | None = None) -> dict[tuple[str, tuple], float]:
-    response = httpx.get(server.url + "/metrics", headers=headers, timeout=60)
-    assert response.status_code == 200, response.text
-    assert response.headers["content-type"].startswith("text/plain")
-    samples: dict[tuple[str, tuple], float] = {}
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return samples
-
-
-def metric(samples: dict[tuple[str, tuple], float], name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 60, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def log_lines(server: RunningServer) -> list[dict[str, Any]]:
@@ -81,10 +53,6 @@ def wait_for_access_line(server: RunningServer, request_id: str) -> dict[str, An
 def raw_request(method: str, path: str, headers: dict[str, str], body: bytes = b"") -> bytes:
     lines = [f"{method} {path} HTTP/1.1"] + [f"{k}: {v}" for k, v in headers.items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
-
-
-def port_of(server: RunningServer) -> int:
-    return int(server.url.rsplit(":", 1)[1])
 
 
 class Stream:

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from tests.helpers import Samples, scrape, total, wait_for
 from tests.integration.server import REPO, RunningServer, run_server
 
 playwright_api = pytest.importorskip("playwright.sync_api")
@@ -105,24 +105,8 @@ def set_temperature(chat: ChatPage, value: float) -> None:
                        " t.dispatchEvent(new Event('input')); }", value)
 
 
-def samples(server: RunningServer) -> dict[tuple[str, tuple], float]:
-    response = httpx.get(server.url + "/metrics", headers=AUTH, timeout=30)
-    assert response.status_code == 200, response.text
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(response.text) for s in family.samples}
-
-
-def total(metrics: dict[tuple[str, tuple], float], name: str) -> float:
-    return sum(value for (sample, _), value in metrics.items() if sample == name)
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+def samples(server: RunningServer) -> Samples:
+    return scrape(server, AUTH)
 
 
 def test_the_page_needs_no_key_and_loads_nothing_from_elsewhere(chat: ChatPage, web_server: RunningServer) -> None:

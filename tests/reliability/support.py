@@ -5,13 +5,11 @@ from __future__ import annotations
 import json
 import os
 import socket
-import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
+from tests.helpers import Samples, chat_body, metric, port_of, scrape, wait_for  # noqa: F401 (re-exported)
 from tests.integration.server import RunningServer
 
 CHAT = "/v1/chat/completions"
@@ -24,10 +22,6 @@ def env_int(name: str, default: int) -> int:
     """A size knob of the suite (documented in docs/reliability.md)."""
     value = os.environ.get(name, "").strip()
     return int(value) if value else default
-
-
-def chat_body(content: str = "Say hi.", **fields: Any) -> dict[str, Any]:
-    return {"messages": [{"role": "user", "content": content}], "temperature": 0, "max_tokens": 2, **fields}
 
 
 def assert_envelope(status: int, body: bytes | str, where: str = "") -> dict[str, Any]:
@@ -64,31 +58,6 @@ def post_raw(server: RunningServer, path: str, body: bytes, timeout: float = TIM
 
 
 # ---- metrics -------------------------------------------------------------------------------------------
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def scrape(server: RunningServer) -> Samples:
-    response = httpx.get(server.url + "/metrics", timeout=60)
-    assert response.status_code == 200, response.text
-    samples: Samples = {}
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return samples
-
-
-def metric(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 60, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def wait_idle(server: RunningServer, timeout: float = 60) -> Samples:
@@ -146,10 +115,6 @@ def slope(points: list[tuple[float, float]]) -> float:
 
 
 # ---- raw HTTP -----------------------------------------------------------------------------------------------
-
-
-def port_of(server: RunningServer) -> int:
-    return int(server.url.rsplit(":", 1)[1])
 
 
 def raw_head(method: str, path: str, headers: list[tuple[str, str]]) -> bytes:

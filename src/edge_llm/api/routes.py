@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -18,21 +20,13 @@ from edge_llm.api.serving import ChatService
 router = APIRouter()
 
 _ERRORS = {status: {"model": ErrorResponse} for status in (400, 404, 413, 503)}
-_CHAT_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {
-                "schema": {
-                    "oneOf": [
-                        {"$ref": "#/components/schemas/ChatCompletionRequest"},
-                        {"$ref": "#/components/schemas/SimplePromptRequest"},
-                    ]
-                }
-            }
-        },
-    }
-}
+
+
+def _json_body(*models: str) -> dict[str, Any]:
+    """The OpenAPI request body of a route that parses its JSON itself (for its own error envelope)."""
+    refs = [{"$ref": f"#/components/schemas/{name}"} for name in models]
+    schema = refs[0] if len(refs) == 1 else {"oneOf": refs}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
 def _service(request: Request) -> ChatService:
@@ -43,26 +37,18 @@ def _service(request: Request) -> ChatService:
     "/v1/chat/completions",
     response_model=ChatCompletion,
     responses={**_ERRORS, 200: {"content": {"text/event-stream": {}}}},
-    openapi_extra=_CHAT_BODY,
+    openapi_extra=_json_body("ChatCompletionRequest", "SimplePromptRequest"),
     summary="Chat completion (OpenAI body) or plain-text SSE stream (simple `prompt` body)",
 )
 async def chat_completions(request: Request) -> Response:
     return await _service(request).chat_completions(request)
 
 
-_COMPLETION_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/CompletionRequest"}}},
-    }
-}
-
-
 @router.post(
     "/v1/completions",
     response_model=Completion,
     responses={**_ERRORS, 200: {"content": {"text/event-stream": {}}}},
-    openapi_extra=_COMPLETION_BODY,
+    openapi_extra=_json_body("CompletionRequest"),
     summary="Legacy text completion: the prompt is raw text (no chat template)",
 )
 async def completions(request: Request) -> Response:
@@ -72,8 +58,7 @@ async def completions(request: Request) -> Response:
 @router.post(
     "/tokenize",
     responses=_ERRORS,
-    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
-        "schema": {"$ref": "#/components/schemas/TokenizeRequest"}}}}},
+    openapi_extra=_json_body("TokenizeRequest"),
     summary="Text → token ids with the loaded model's vocabulary",
 )
 async def tokenize(request: Request) -> Response:
@@ -83,8 +68,7 @@ async def tokenize(request: Request) -> Response:
 @router.post(
     "/detokenize",
     responses=_ERRORS,
-    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
-        "schema": {"$ref": "#/components/schemas/DetokenizeRequest"}}}}},
+    openapi_extra=_json_body("DetokenizeRequest"),
     summary="Token ids → text",
 )
 async def detokenize(request: Request) -> Response:
