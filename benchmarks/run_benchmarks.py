@@ -74,6 +74,7 @@ class Plan:
     min_requests: int
     warmup: int
     prefix_requests: int
+    level_repeats: int = 3  # our levels, each between two raw measurements (a paired design)
     quiet_wait_s: float = 120.0
     attempts: int = 3  # a measurement disturbed by other processes is taken again, at most this often
     prefix_max_tokens: int = 8
@@ -82,6 +83,7 @@ class Plan:
     def make(cls, quick: bool, quiet_wait_s: float) -> Plan:
         if quick:
             return cls(quick=True, raw_repeats=1, rounds_per_client=2, min_requests=4, warmup=1, prefix_requests=4,
+                       level_repeats=1,
                        quiet_wait_s=quiet_wait_s, attempts=2)
         return cls(quick=False, raw_repeats=2, rounds_per_client=4, min_requests=8, warmup=2, prefix_requests=6,
                    quiet_wait_s=quiet_wait_s)
@@ -195,17 +197,19 @@ class RawLoop:
         self.ctx, self.plan = ctx, plan
         self.prompt = tokenize(vocab, RAW_PROMPT)
         self.end_tokens = end_of_generation_tokens(vocab)
-        self.runs: dict[int, list[dict[str, Any]]] = {n: [] for n in RAW_BATCHES}
+        self.groups: dict[int, list[list[dict[str, Any]]]] = {n: [] for n in RAW_BATCHES}  # one per measure()
         raw_run(ctx, self.prompt, 1, 8)  # warm-up: page the weights in
 
     def measure(self, n_seqs: int) -> None:
-        for _ in range(self.plan.raw_repeats):
-            self.runs[n_seqs].append(measure_quietly(
-                f"raw batch {n_seqs}", lambda _: raw_run(self.ctx, self.prompt, n_seqs, NEW_TOKENS), [], self.plan))
-        logger.info("raw batch %d: %.1f tokens/s", n_seqs, self.runs[n_seqs][-1]["decode_tokens_per_s"])
+        group = [measure_quietly(f"raw batch {n_seqs}", lambda _: raw_run(self.ctx, self.prompt, n_seqs, NEW_TOKENS),
+                                 [], self.plan) for _ in range(self.plan.raw_repeats)]
+        self.groups[n_seqs].append(group)
+        logger.info("raw batch %d: %.1f tokens/s", n_seqs, group[-1]["decode_tokens_per_s"])
 
     def results(self, prefix_tokens: int) -> dict[str, Any]:
-        batches = [summarize_raw(n, len(self.prompt), runs) for n, runs in self.runs.items() if runs]
+        batches = [{**summarize_raw(n, len(self.prompt), [run for group in groups for run in group]),
+                    "groups": [summarize_raw(n, len(self.prompt), group) for group in groups]}
+                   for n, groups in self.groups.items() if groups]
         return {"prompt_tokens": len(self.prompt), "new_tokens": NEW_TOKENS, "batches": batches,
                 "shared_prefix_tokens": prefix_tokens, "end_of_generation_tokens": self.end_tokens}
 
@@ -453,21 +457,26 @@ def load_server(name: str, base_url: str, pid: int, plan: Plan, prefix: str, ext
     if plan.warmup:
         asyncio.run(bench.run_level(config, 1, plan.warmup, prompts, tag="warmup"))
 
-    def one_level(clients: int, attempt: int) -> dict[str, Any]:
+    def one_level(clients: int, repeat: int, attempt: int) -> dict[str, Any]:
         bar = bench.ProgressBar(f"{name} {clients:>2} clients")
         # Tagged: every request of the run has its own prompt (the same ones for ours and the peer).
-        tag = f"c{clients}t{attempt}"
+        tag = f"c{clients}r{repeat}t{attempt}"
         level = bench.run_level(config, clients, plan.requests_for(clients), prompts, bar, tag=tag)
         return asyncio.run(level).to_dict()
 
     levels = []
     for clients in CLIENT_LEVELS:
+        repeats = []
+        for repeat in range(plan.level_repeats if around_level is not None else 1):
+            if around_level is not None:
+                around_level(clients)
+            repeats.append(measure_quietly(f"{name} {clients} clients",
+                                           lambda attempt: one_level(clients, repeat, attempt), [pid], plan))
         if around_level is not None:
             around_level(clients)
-        levels.append(measure_quietly(f"{name} {clients} clients", lambda attempt: one_level(clients, attempt),
-                                      [pid], plan))
-        if around_level is not None:
-            around_level(clients)
+        # The table shows the repeat of median aggregate throughput; the ratios pair every repeat with its raw runs.
+        middle = sorted(repeats, key=lambda r: r["aggregate_tokens_per_s"])[len(repeats) // 2]
+        levels.append({**middle, "repeats": repeats})
     # Not repeated: a second try would find the prefix cached.
     prefix_plan = Plan(**{**plan.__dict__, "attempts": 1})
     shared = measure_quietly(f"{name} shared prefix", lambda _: asyncio.run(shared_prefix(config, plan, prefix)),
@@ -528,6 +537,25 @@ def raw_end_to_end(raw: dict[str, Any], batch: int) -> float | None:
     return raw_rate(raw, batch, "end_to_end_tokens_per_s")
 
 
+def paired_ratio(ours_level: dict[str, Any] | None, raw: dict[str, Any], batch: int, raw_key: str,
+                 ours_key: str = "aggregate_tokens_per_s") -> float | None:
+    """Median over our repeats of (`ours_key` / mean of the raw runs just before and just after it).
+
+    Falls back to the plain ratio of medians when the level was not measured between raw groups.
+    """
+    found = raw_batch(raw, batch)
+    if ours_level is None or found is None:
+        return None
+    repeats, groups = ours_level.get("repeats") or [], found.get("groups") or []
+    if not repeats or len(groups) != len(repeats) + 1:
+        return ratio(ours_level[ours_key], found[raw_key])
+    ratios = [r[ours_key] / ((groups[i][raw_key] + groups[i + 1][raw_key]) / 2)
+              for i, r in enumerate(repeats) if r[ours_key] is not None]
+    if not ratios:
+        return None
+    return statistics.median(ratios)
+
+
 def ratio(value: float | None, reference: float | None) -> float | None:
     if value is None or reference is None or reference == 0:
         return None
@@ -556,13 +584,14 @@ def evaluate_targets(raw: dict[str, Any], ours: dict[str, Any], peer: dict[str, 
         mine, theirs, ceiling = level(ours, clients), level(peer, clients), raw_batch(raw, clients)
         if clients == 1:
             checks.append(target("ours 1 client stream (decode) tok/s / raw batch 1 decode",
-                                 ratio(_get(mine, stream), raw_rate(raw, 1)), ">=", 0.95, [mine, ceiling]))
+                                 paired_ratio(mine, raw, 1, "decode_tokens_per_s", stream), ">=", 0.95,
+                                 [mine, ceiling]))
         checks.append(target(f"ours {clients} client{'s' if clients > 1 else ''} aggregate tok/s / raw batch "
-                             f"{clients} end-to-end", ratio(_get(mine, agg), raw_end_to_end(raw, clients)),
+                             f"{clients} end-to-end", paired_ratio(mine, raw, clients, "end_to_end_tokens_per_s"),
                              ">=", 0.95, [mine, ceiling]))
         checks.append(target(f"ours {clients} client{'s' if clients > 1 else ''} aggregate tok/s / raw batch "
                              f"{clients} decode steps only (see README: not reachable with prefill)",
-                             ratio(_get(mine, agg), raw_rate(raw, clients)), ">=", 0.95, [mine, ceiling]))
+                             paired_ratio(mine, raw, clients, "decode_tokens_per_s"), ">=", 0.95, [mine, ceiling]))
         if clients > 1:
             checks.append(target(f"ours {clients} clients aggregate tok/s / peer {clients} clients",
                                  ratio(_get(mine, agg), _get(theirs, agg)), ">=", 2.0, [mine, theirs]))
@@ -642,8 +671,8 @@ def markdown_report(results: dict[str, Any]) -> str:
                   f"{results['meta'].get('attempts', 3)} tries); such figures and the ratios built on them are not "
                   "to be trusted."]
     lines += ["", "Definitions: see benchmarks/README.md. Raw \"decode\" excludes the prefill, \"end-to-end\" "
-              "includes it (the same work as a request: prefill, then 64 tokens); raw B is measured right before "
-              "and after our B-client level. Every request runs to 64 tokens (end-of-generation tokens banned "
+              "includes it (the same work as a request: prefill, then 64 tokens). Ratios pair each repeat of our "
+              "B-client level with the raw B runs just before and after it (median over repeats). Every request runs to 64 tokens (end-of-generation tokens banned "
               "with logit_bias, as the raw loop ignores them). Aggregate tok/s = completion tokens / wall time of "
               "the level (prefill and queueing included).", ""]
     return "\n".join(lines)
