@@ -31,7 +31,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -445,43 +445,66 @@ def shared_prefix_text() -> str:
     return "You are the code-review assistant of a small team. Follow these house rules.\n" + "\n".join(rules)
 
 
-def load_server(name: str, base_url: str, pid: int, plan: Plan, prefix: str, extra_body: dict[str, Any],
-                around_level: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """The load levels and the shared-prefix series; `around_level(clients)` runs before and after each level."""
+@dataclass
+class LoadTarget:
+    """A running server under test, with its bench settings and what was measured on it."""
+
+    name: str
+    pid: int
+    config: Any  # edge_llm.bench.BenchConfig
+    repeats: dict[int, list[dict[str, Any]]]
+
+
+def prepare_target(name: str, base_url: str, pid: int, plan: Plan, extra_body: dict[str, Any]) -> LoadTarget:
+    """Discovers the model id and sends the warm-up requests."""
     from edge_llm import bench
 
     config = bench.BenchConfig(base_url=base_url, max_tokens=NEW_TOKENS, temperature=0.0)
     config = bench.BenchConfig(base_url=base_url, max_tokens=NEW_TOKENS, temperature=0.0,
                                model=asyncio.run(bench.discover_model(config)), extra_body=extra_body)
-    prompts = list(bench.DEFAULT_PROMPTS)
     if plan.warmup:
-        asyncio.run(bench.run_level(config, 1, plan.warmup, prompts, tag="warmup"))
+        asyncio.run(bench.run_level(config, 1, plan.warmup, list(bench.DEFAULT_PROMPTS), tag="warmup"))
+    return LoadTarget(name, pid, config, {clients: [] for clients in CLIENT_LEVELS})
 
-    def one_level(clients: int, repeat: int, attempt: int) -> dict[str, Any]:
-        bar = bench.ProgressBar(f"{name} {clients:>2} clients")
+
+def measure_level(target: LoadTarget, clients: int, repeat: int, plan: Plan) -> None:
+    from edge_llm import bench
+
+    def one_level(attempt: int) -> dict[str, Any]:
+        bar = bench.ProgressBar(f"{target.name} {clients:>2} clients")
         # Tagged: every request of the run has its own prompt (the same ones for ours and the peer).
         tag = f"c{clients}r{repeat}t{attempt}"
-        level = bench.run_level(config, clients, plan.requests_for(clients), prompts, bar, tag=tag)
+        level = bench.run_level(target.config, clients, plan.requests_for(clients), list(bench.DEFAULT_PROMPTS),
+                                bar, tag=tag)
         return asyncio.run(level).to_dict()
 
-    levels = []
+    target.repeats[clients].append(measure_quietly(f"{target.name} {clients} clients", one_level, [target.pid], plan))
+
+
+def run_levels(raw: RawLoop, targets: Sequence[LoadTarget], plan: Plan) -> None:
+    """For each client count: raw, then every server, repeated, then raw once more (a paired design)."""
     for clients in CLIENT_LEVELS:
-        repeats = []
-        for repeat in range(plan.level_repeats if around_level is not None else 1):
-            if around_level is not None:
-                around_level(clients)
-            repeats.append(measure_quietly(f"{name} {clients} clients",
-                                           lambda attempt: one_level(clients, repeat, attempt), [pid], plan))
-        if around_level is not None:
-            around_level(clients)
-        # The table shows the repeat of median aggregate throughput; the ratios pair every repeat with its raw runs.
+        for repeat in range(plan.level_repeats):
+            raw.measure(clients)
+            for target in targets:
+                measure_level(target, clients, repeat, plan)
+        raw.measure(clients)
+
+
+def target_results(target: LoadTarget, plan: Plan, prefix: str) -> dict[str, Any]:
+    """Every level (the table shows the repeat of median aggregate throughput) and the shared-prefix series."""
+    levels = []
+    for clients, repeats in target.repeats.items():
         middle = sorted(repeats, key=lambda r: r["aggregate_tokens_per_s"])[len(repeats) // 2]
         levels.append({**middle, "repeats": repeats})
     # Not repeated: a second try would find the prefix cached.
     prefix_plan = Plan(**{**plan.__dict__, "attempts": 1})
-    shared = measure_quietly(f"{name} shared prefix", lambda _: asyncio.run(shared_prefix(config, plan, prefix)),
-                             [pid], prefix_plan)
-    return {"model": config.model, "levels": levels, "shared_prefix": shared}
+    shared = measure_quietly(f"{target.name} shared prefix",
+                             lambda _: asyncio.run(shared_prefix(target.config, plan, prefix)), [target.pid],
+                             prefix_plan)
+    logger.info("%s: %s", target.name, ", ".join(
+        f"{lv['concurrency']} clients {lv['aggregate_tokens_per_s']:.1f} tok/s" for lv in levels))
+    return {"model": target.config.model, "levels": levels, "shared_prefix": shared}
 
 
 async def shared_prefix(config: Any, plan: Plan, prefix: str) -> dict[str, Any]:
@@ -502,17 +525,6 @@ async def shared_prefix(config: Any, plan: Plan, prefix: str) -> dict[str, Any]:
         "first_ttft_s": ttfts[0],
         "later_ttft_median_s": statistics.median(later) if later else None,
     }
-
-
-def run_server_load(name: str, command: list[str], port: int, health: str, plan: Plan, prefix: str,
-                    extra_body: dict[str, Any], around_level: Callable[[int], None] | None = None) -> dict[str, Any]:
-    base_url = f"http://127.0.0.1:{port}"
-    with server(name, command, base_url + health) as process:
-        wait_until_serving(base_url)
-        result = load_server(name, base_url, process.pid, plan, prefix, extra_body, around_level)
-    logger.info("%s: %s", name, ", ".join(
-        f"{lv['concurrency']} clients {lv['aggregate_tokens_per_s']:.1f} tok/s" for lv in result["levels"]))
-    return result
 
 
 # ---- targets ------------------------------------------------------------------------------------------
@@ -562,6 +574,15 @@ def ratio(value: float | None, reference: float | None) -> float | None:
     return value / reference
 
 
+def paired_server_ratio(mine: dict[str, Any] | None, theirs: dict[str, Any] | None, key: str) -> float | None:
+    """Median over repeats of ours / peer, each pair measured one right after the other."""
+    if mine is None or theirs is None:
+        return None
+    pairs = list(zip(mine.get("repeats") or [mine], theirs.get("repeats") or [theirs]))
+    ratios = [r for a, b in pairs if (r := ratio(a.get(key), b.get(key))) is not None]
+    return statistics.median(ratios) if ratios else None
+
+
 DISTURBED = 0.15  # a figure measured while other processes used more of the CPUs is not to be trusted
 
 
@@ -571,10 +592,6 @@ def target(name: str, value: float | None, op: str, bound: float,
     disturbance = max((i.get("neighbour_cpu", 0.0) for i in inputs if i), default=0.0)
     return {"check": name, "ratio": value, "target": f"{op} {bound:g}", "pass": passed,
             "inputs_neighbour_cpu": disturbance, "disturbed": disturbance > DISTURBED}
-
-
-def _get(figures: dict[str, Any] | None, key: str) -> float | None:
-    return figures.get(key) if figures else None
 
 
 def evaluate_targets(raw: dict[str, Any], ours: dict[str, Any], peer: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -594,10 +611,10 @@ def evaluate_targets(raw: dict[str, Any], ours: dict[str, Any], peer: dict[str, 
                              paired_ratio(mine, raw, clients, "decode_tokens_per_s"), ">=", 0.95, [mine, ceiling]))
         if clients > 1:
             checks.append(target(f"ours {clients} clients aggregate tok/s / peer {clients} clients",
-                                 ratio(_get(mine, agg), _get(theirs, agg)), ">=", 2.0, [mine, theirs]))
+                                 paired_server_ratio(mine, theirs, agg), ">=", 2.0, [mine, theirs]))
     mine, theirs = level(ours, 8), level(peer, 8)
     checks.append(target("ours 8 clients median TTFT / peer 8 clients median TTFT",
-                         ratio(_get(mine, ttft), _get(theirs, ttft)), "<=", 0.2, [mine, theirs]))
+                         paired_server_ratio(mine, theirs, ttft), "<=", 0.2, [mine, theirs]))
     prefix = ours["shared_prefix"]
     checks.append(target("ours shared prefix: later TTFT (median) / first TTFT",
                          ratio(prefix["later_ttft_median_s"], prefix["first_ttft_s"]), "<=", 0.1, [prefix]))
@@ -762,20 +779,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     prefix = shared_prefix_text()
     results: dict[str, Any] = {"meta": metadata(model, plan)}
     peer_python_path = None if args.skip_peer else ensure_peer_venv()
-    logger.info("(a, b) raw decode ceiling, measured around each level of our server")
-    with raw_model(model, max(RAW_BATCHES)) as (_, ctx, vocab):
+    logger.info("raw decode loop, our server%s, level by level", "" if args.skip_peer else " and llama_cpp.server")
+    with raw_model(model, max(RAW_BATCHES)) as (_, ctx, vocab), ExitStack() as servers:
         raw = RawLoop(ctx, vocab, plan)
         extra_body = full_length_body(raw.end_tokens)
-        port = free_port()
-        results["ours"] = run_server_load("ours", ours_command(model, port), port, "/healthz", plan, prefix,
-                                          extra_body, around_level=raw.measure)
+        commands = [("ours", ours_command, "/healthz")]
+        if peer_python_path is not None:
+            commands.append(("peer", peer_command, "/v1/models"))
+        targets = []
+        for name, command, health in commands:
+            port = free_port()
+            base_url = f"http://127.0.0.1:{port}"
+            process = servers.enter_context(server(name, command(model, port), base_url + health))
+            wait_until_serving(base_url)
+            targets.append(prepare_target(name, base_url, process.pid, plan, extra_body))
+        run_levels(raw, targets, plan)
+        for target in targets:
+            results[target.name] = target_results(target, plan, prefix)
+        results.setdefault("peer", None)
         results["raw"] = raw.results(len(tokenize(vocab, prefix)))
-    results["peer"] = None
-    if peer_python_path is not None:
-        logger.info("(c) llama_cpp.server")
-        port = free_port()
-        results["peer"] = run_server_load("peer", peer_command(model, port), port, "/v1/models", plan, prefix,
-                                          extra_body)
     results["meta"]["loadavg_after"] = os.getloadavg()[0]
     results["targets"] = evaluate_targets(results["raw"], results["ours"], results["peer"])
     return results

@@ -16,6 +16,7 @@ import llama_cpp
 import numpy as np
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
+from edge_llm.engine.greedy import GreedyPicker
 from edge_llm.engine.scheduler import KvCopy, KvOp, KvRemove, StepPlan
 from edge_llm.engine.types import OutOfCellsError, SamplingParams, TokenLogprob
 
@@ -312,7 +313,10 @@ class LlamaRunner:
         if code != 0:
             raise DecodeError(code)
 
-    def new_sampler(self, params: SamplingParams) -> Sampler:
+    def new_sampler(self, params: SamplingParams) -> Sampler | GreedyPicker:
+        penalized = params.repeat_penalty != 1.0 or params.frequency_penalty or params.presence_penalty
+        if params.greedy and params.grammar is None and not penalized:
+            return GreedyPicker(params.logit_bias)
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         add = llama_cpp.llama_sampler_chain_add
         if params.grammar is not None:
@@ -327,7 +331,7 @@ class LlamaRunner:
                 biases[i].token = token
                 biases[i].bias = bias
             add(chain, llama_cpp.llama_sampler_init_logit_bias(self._n_vocab, len(params.logit_bias), biases))
-        if params.repeat_penalty != 1.0 or params.frequency_penalty or params.presence_penalty:
+        if penalized:
             add(
                 chain,
                 llama_cpp.llama_sampler_init_penalties(
@@ -361,13 +365,19 @@ class LlamaRunner:
             raise GrammarError("llama.cpp rejected the grammar")
         llama_cpp.llama_sampler_free(handle)
 
-    def sample(self, sampler: Sampler, batch_index: int) -> int:
+    def sample(self, sampler: Sampler | GreedyPicker, batch_index: int) -> int:
+        if isinstance(sampler, GreedyPicker):
+            return sampler.pick(self._logits(batch_index))
         return int(llama_cpp.llama_sampler_sample(sampler._handle, self._ctx, batch_index))
+
+    def _logits(self, batch_index: int) -> np.ndarray:
+        """The logits of one batch position, viewed in place (valid until the next decode)."""
+        pointer = llama_cpp.llama_get_logits_ith(self._ctx, batch_index)
+        return np.ctypeslib.as_array(pointer, shape=(self._n_vocab,))
 
     def logprobs(self, batch_index: int, token: int, top_n: int) -> TokenLogprob:
         """The model's log-probability of `token` and of its `top_n` likeliest alternatives (raw logits)."""
-        pointer = llama_cpp.llama_get_logits_ith(self._ctx, batch_index)
-        logits = np.ctypeslib.as_array(pointer, shape=(self._n_vocab,))
+        logits = self._logits(batch_index)
         peak = float(logits.max())
         log_total = peak + float(np.log(np.exp(logits - peak).sum()))
         top: tuple[tuple[int, bytes, float], ...] = ()

@@ -1,0 +1,31 @@
+"""Greedy sampling straight from the logits, for temperature-0 requests without penalties or a grammar.
+
+llama.cpp's sampler chain copies all 151,936 logits into a candidate array before its greedy
+sampler scans them (about 0.3 ms a token here); an argmax over the logits in place costs a tenth of
+that and picks the same token: the first of the highest values, after any logit_bias.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class GreedyPicker:
+    def __init__(self, logit_bias: tuple[tuple[int, float], ...] = ()) -> None:
+        self._bias_ids = np.array([token for token, _ in logit_bias], dtype=np.int64)
+        self._bias_values = np.array([bias for _, bias in logit_bias], dtype=np.float32)
+        self._biased = frozenset(int(token) for token in self._bias_ids)
+
+    def pick(self, logits: np.ndarray) -> int:
+        """The token greedy sampling chooses; `logits` (the model's, one row) is never modified."""
+        best = int(logits.argmax())
+        if not self._biased:
+            return best
+        if best not in self._biased and bool((logits[self._bias_ids] + self._bias_values < logits[best]).all()):
+            return best  # no bias changes the winner (the usual case: a ban on tokens that are not on top)
+        biased = logits.copy()
+        biased[self._bias_ids] += self._bias_values
+        return int(biased.argmax())
+
+    def close(self) -> None:
+        """Nothing native to free (the engine closes every sampler)."""
