@@ -7,6 +7,7 @@ In one run, on the same model and thread count:
   (b) ours: `edge-llm serve --parallel 8` under 1, 4 and 8 streaming clients;
   (c) peer: `python -m llama_cpp.server` (in benchmarks/.venv-peer) under the same load;
   (d) shared prefix: sequential requests sharing a ~800-token system prompt (ours and peer).
+(a), (b) and (c) alternate level by level (a paired design: the machine drifts within minutes).
 Writes benchmarks/results/latest.{json,md,png}; server logs go to benchmarks/results/*.log.
 
 Only the standard library is imported at module level, so that `--plot-only` also runs
