@@ -39,6 +39,7 @@ def test_chat_defaults() -> None:
     assert params.top_p == 0.9
     assert params.top_k == 40 and params.min_p == 0.0 and params.seed is None
     assert chat(top_k=0).sampling_params(DEFAULTS).top_k == 0  # an explicit 0 turns the default off
+    assert params.ignore_eos is False and chat(ignore_eos=True).sampling_params(DEFAULTS).ignore_eos is True
     assert params.repeat_penalty == 1.0 and params.presence_penalty == 0.0
     assert request.requested_max_tokens(DEFAULTS) == 128
 

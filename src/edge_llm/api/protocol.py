@@ -204,6 +204,7 @@ class _GenerationFields(_Strict):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repeat_penalty: float | None = Field(None, gt=0.0, le=10.0)
     logit_bias: LogitBias | None = None
+    ignore_eos: bool = False  # llama-server / vLLM extension: generate until max_tokens or a stop string
     # Accepted and ignored: they do not change the output.
     user: str | None = None
     metadata: dict[str, str] | None = None
@@ -246,6 +247,7 @@ class _GenerationFields(_Strict):
             frequency_penalty=self.frequency_penalty or 0.0,
             repeat_penalty=self.repeat_penalty or 1.0,
             logit_bias=self.logit_bias_pairs(),
+            ignore_eos=self.ignore_eos,
             grammar=grammar,
         )
 

@@ -24,6 +24,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repeat_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    ignore_eos: bool = False  # end-of-generation tokens are never sampled: the answer runs to max_tokens
     grammar: str | None = None  # GBNF with a `root` rule; constrains every sampled token
 
     @property
