@@ -198,7 +198,17 @@ def test_sigkill_of_a_client_mid_request_frees_its_sequence(kill_server: Running
     try:
         assert client.stdout is not None
         assert client.stdout.readline().strip() in ("started", "sending")  # streamed: a token arrived
-        wait_for(lambda: metric(scrape(kill_server), "edge_llm_running_sequences") == 1, TIMEOUT, "the sequence")
+        seen: list[float] = []
+
+        def running() -> bool:
+            seen.append(metric(scrape(kill_server), "edge_llm_running_sequences"))
+            return seen[-1] == 1
+
+        try:
+            wait_for(running, TIMEOUT, "the sequence")
+        except AssertionError:
+            raise AssertionError(f"running sequences seen: {sorted(set(seen))}; server log:\n"
+                                 f"{kill_server.log()[-4000:]}") from None
         if not stream:
             time.sleep(2)  # well into decoding (the generated-token counter moves only when a generation ends)
         client.send_signal(signal.SIGKILL)
