@@ -164,19 +164,21 @@ def test_sigterm_under_load_finishes_running_and_queued_refuses_new_and_exits_ze
 # ---- a client process killed mid-request ---------------------------------------------------------------------------------
 
 CLIENT = textwrap.dedent("""
-    import sys, httpx
+    import sys, time, httpx
     url, stream = sys.argv[1], sys.argv[2] == "stream"
     body = {"messages": [{"role": "user", "content": %r}], "max_tokens": 3000, "temperature": 0, "stream": stream}
     if stream:
         with httpx.stream("POST", url, json=body, timeout=600) as response:
             chunks = 0
-            for line in response.iter_lines():
+            # Kept referenced: a line iterator that is let go closes the response, and with it the connection.
+            lines = response.iter_lines()
+            for line in lines:
                 chunks += line.startswith("data:")
                 if chunks == 3:  # the role chunk, then two tokens
                     print("started", flush=True)
                     break
             while True:
-                pass  # holds the connection, reading nothing more
+                time.sleep(1)  # holds the connection, reading nothing more
     else:
         print("sending", flush=True)
         httpx.post(url, json=body, timeout=600)
