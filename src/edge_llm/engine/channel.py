@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Protocol
 
 from edge_llm.engine.types import EngineEvent, Failed, Finished
 
@@ -21,6 +22,9 @@ class ChoiceSender:
 
     def send(self, event: EngineEvent) -> None:
         self._channel.put(self.index, event)
+
+    def route(self) -> tuple[ReplyChannel, int]:
+        return self._channel, self.index
 
 
 class ReplyChannel:
@@ -37,6 +41,9 @@ class ReplyChannel:
     def send(self, event: EngineEvent) -> None:
         """Sends for choice 0 (the single-choice case)."""
         self.put(0, event)
+
+    def route(self) -> tuple[ReplyChannel, int]:
+        return self, 0
 
     def put(self, index: int, event: EngineEvent) -> None:
         try:
@@ -56,3 +63,45 @@ class ReplyChannel:
     async def __aiter__(self) -> AsyncIterator[EngineEvent]:
         async for _, event in self.choice_events():
             yield event
+
+
+class Sender(Protocol):
+    def send(self, event: EngineEvent) -> None: ...
+
+
+class Outbox:
+    """What the engine thread sends during one step, handed to each event loop in one wake-up.
+
+    One `call_soon_threadsafe` per event would wake the event loop once per token, and each time
+    the engine thread would wait for the GIL while the loop turns that token into SSE; handed over
+    together, the loop does that work while the next `llama_decode` runs (which releases the GIL).
+    """
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[Sender, EngineEvent]] = []
+
+    def add(self, sender: Sender, event: EngineEvent) -> None:
+        self._pending.append((sender, event))
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[ReplyChannel, int, EngineEvent]]] = {}
+        for sender, event in pending:
+            route = getattr(sender, "route", None)
+            if route is None:
+                sender.send(event)  # any other sender (a test's fake) gets its events one by one, in order
+                continue
+            channel, index = route()
+            by_loop.setdefault(channel._loop, []).append((channel, index, event))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:
+                pass  # the event loop is closed: nobody is listening any more
+
+
+def _deliver(items: list[tuple[ReplyChannel, int, EngineEvent]]) -> None:
+    for channel, index, event in items:
+        channel._queue.put_nowait((index, event))

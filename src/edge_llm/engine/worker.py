@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from edge_llm.engine.channel import ReplyChannel
+from edge_llm.engine.channel import Outbox, Sender
 from edge_llm.engine.hooks import EngineObserver
 from edge_llm.engine.scheduler import KvOp, Phase, RequestTooLargeError, Scheduler, Sequence, StepPlan
 from edge_llm.engine.text import OutputText
@@ -55,7 +55,7 @@ class Runner(Protocol):
 @dataclass(eq=False)
 class _Active:
     request: GenerationRequest
-    channel: ReplyChannel
+    channel: Sender
     submitted_at: float
     sequence: Sequence | None = None
     sampler: Any = None
@@ -101,6 +101,7 @@ class Engine:
         self._lock = threading.Lock()
         self._waiting_ids: set[str] = set()  # submitted, not yet admitted (bounded by queue_capacity)
         self._active: dict[str, _Active] = {}  # engine thread only
+        self._outbox = Outbox()  # engine thread only: flushed once a step
         self._thread = threading.Thread(target=self._main, name="edge-llm-engine", daemon=True)
         self._loaded = threading.Event()
         self.runner: Runner | None = None
@@ -140,7 +141,7 @@ class Engine:
 
     # ---- requests (any thread) -----------------------------------------------------------
 
-    def submit(self, request: GenerationRequest, channel: ReplyChannel) -> None:
+    def submit(self, request: GenerationRequest, channel: Sender) -> None:
         if not self.ready:
             raise EngineUnavailableError("the engine is not running")
         with self._lock:
@@ -214,10 +215,12 @@ class Engine:
     def _loop(self) -> None:
         scheduler = self._scheduler
         while True:
+            self._outbox.flush()
             if not self._drain_inbox(block=scheduler.idle()):
                 return
             if self.request_timeout is not None and self._active:
                 self._expire(time.monotonic())
+            self._outbox.flush()  # cancellations and refusals at once, not a step later (a no-op when none)
             plan = scheduler.step()
             now = time.monotonic()
             observer = self.observer
@@ -273,7 +276,7 @@ class Engine:
                 active.sampler.close()
             code = "context_length_exceeded" if isinstance(exc, RequestTooLargeError) else "invalid_request"
             logger.warning("request refused by the engine: %s", exc, extra={"request_id": request.request_id})
-            active.channel.send(Failed(str(exc), code=code))
+            self._outbox.add(active.channel, Failed(str(exc), code=code))
             return
         active.output = OutputText(request.stop)
         if self._keep_text:
@@ -330,7 +333,7 @@ class Engine:
         self._scheduler.on_sampled(sequence, token)
         text = active.output.feed(self.runner.piece(token))
         if text:
-            active.channel.send(TextDelta(text, sequence.generated, self._take_logprobs(active)))
+            self._outbox.add(active.channel, TextDelta(text, sequence.generated, self._take_logprobs(active)))
             if active.text_parts is not None:
                 active.text_parts.append(text)
         if active.output.stopped:
@@ -356,7 +359,7 @@ class Engine:
         if reason is not FinishReason.CANCELLED:
             tail = active.output.finish()
             if tail:
-                active.channel.send(TextDelta(tail, sequence.generated, self._take_logprobs(active)))
+                self._outbox.add(active.channel, TextDelta(tail, sequence.generated, self._take_logprobs(active)))
                 if active.text_parts is not None:
                     active.text_parts.append(tail)
         now = time.monotonic()
@@ -371,9 +374,10 @@ class Engine:
         if self.observer is not None:  # before Finished, so the HTTP side sees the record complete
             text = "".join(active.text_parts) if active.text_parts is not None else None
             self.observer.request_finished(active.request.request_id, reason, usage, phase, text)
-        active.channel.send(Finished(reason, usage, timings))
+        self._outbox.add(active.channel, Finished(reason, usage, timings))
 
     def _fail_everything(self, message: str, code: str) -> None:
+        self._outbox.flush()  # what the last steps produced goes first
         failed: list[_Active] = list(self._active.values())
         self._active.clear()
         while True:  # requests submitted but never seen by the loop

@@ -1,0 +1,65 @@
+"""The engine's Outbox: a step's events reach each event loop in one wake-up, in order, per choice."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from edge_llm.engine.channel import Outbox, ReplyChannel
+from edge_llm.engine.types import Finished, FinishReason, TextDelta, Usage
+
+
+class RecordingSender:
+    def __init__(self) -> None:
+        self.events: list[object] = []
+
+    def send(self, event: object) -> None:
+        self.events.append(event)
+
+
+def test_a_steps_events_arrive_in_order_with_one_wake_up() -> None:
+    async def scenario() -> tuple[list, list, int]:
+        loop = asyncio.get_running_loop()
+        wake_ups = 0
+        original = loop.call_soon_threadsafe
+
+        def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+            nonlocal wake_ups
+            wake_ups += 1
+            return original(*args, **kwargs)
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        single, double = ReplyChannel(), ReplyChannel(choices=2)
+        outbox = Outbox()
+        done = Finished(FinishReason.STOP, Usage(3, 2), {})
+
+        def engine_step() -> None:  # the engine thread
+            outbox.add(single, TextDelta("a", 1))
+            outbox.add(double.sender(1), TextDelta("x", 1))
+            outbox.add(single, TextDelta("b", 2))
+            outbox.add(double.sender(0), done)
+            outbox.add(double.sender(1), done)
+            outbox.add(single, done)
+            outbox.flush()
+            outbox.flush()  # nothing left: no second wake-up
+
+        thread = threading.Thread(target=engine_step)
+        thread.start()
+        thread.join()
+        first = [event async for event in single]
+        second = [pair async for pair in double.choice_events()]
+        return first, second, wake_ups
+
+    first, second, wake_ups = asyncio.run(scenario())
+    assert [getattr(e, "text", "end") for e in first] == ["a", "b", "end"]
+    assert [(i, getattr(e, "text", "end")) for i, e in second] == [(1, "x"), (0, "end"), (1, "end")]
+    assert wake_ups == 1
+
+
+def test_other_senders_get_their_events_one_by_one_at_the_flush() -> None:
+    outbox, sender = Outbox(), RecordingSender()
+    outbox.add(sender, TextDelta("a", 1))
+    outbox.add(sender, TextDelta("b", 2))
+    assert sender.events == []
+    outbox.flush()
+    assert [e.text for e in sender.events] == ["a", "b"]  # type: ignore[attr-defined]
