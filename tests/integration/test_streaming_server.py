@@ -49,10 +49,17 @@ def test_simple_body_streams_plain_text_events(server: RunningServer) -> None:
 
 
 def test_simple_body_uses_documented_defaults(server: RunningServer) -> None:
-    _, events = simple_stream(server, {"prompt": "Count from 1 to 500, one number per line."})
-    done = json.loads(events[-1][1])
-    assert done["finish_reason"] == "length"
-    assert done["usage"]["completion_tokens"] == 128  # the default max_tokens
+    # Sampled at the default temperature, an answer may end early now and then: it never passes 128 tokens,
+    # and one of three runs to exactly 128 (the default max_tokens).
+    finishes = []
+    for _ in range(3):
+        _, events = simple_stream(server, {"prompt": "Count from 1 to 500, one number per line."})
+        done = json.loads(events[-1][1])
+        finishes.append((done["finish_reason"], done["usage"]["completion_tokens"]))
+        assert done["usage"]["completion_tokens"] <= 128, finishes
+        if done["finish_reason"] == "length":
+            break
+    assert finishes[-1] == ("length", 128), finishes
 
 
 def test_multiline_pieces_reassemble_exactly(server: RunningServer) -> None:
