@@ -202,6 +202,7 @@ WRONG_TYPES: dict[str, list[Any]] = {
     "user": NOT_A_STRING,
     "metadata": NOT_AN_OBJECT + [{"k": 1}, {"k": ["v"]}],
     "store": NOT_A_BOOL,
+    "ignore_eos": NOT_A_BOOL,
     "service_tier": NOT_A_STRING,
     "logprobs": NOT_A_BOOL,
     "top_logprobs": NOT_AN_INTEGER + [-1, 21, 10 ** 6],
