@@ -709,7 +709,9 @@ def render_plot(results: dict[str, Any], out: Path) -> None:
     fig, (tps, ttft) = plt.subplots(1, 2, figsize=(11, 4.2))
     raw = results["raw"]["batches"]
     tps.plot([b["batch"] for b in raw], [b["decode_tokens_per_s"] for b in raw], "k--o",
-             label="raw llama-cpp decode ceiling")
+             label="raw loop, decode steps only")
+    tps.plot([b["batch"] for b in raw], [b["end_to_end_tokens_per_s"] for b in raw], "k-o",
+             label="raw loop end-to-end (prefill + 64)")
     for name, style in (("ours", {"color": "C0", "marker": "o"}), ("peer", {"color": "C3", "marker": "s"})):
         levels = (results.get(name) or {}).get("levels", [])
         if not levels:
