@@ -14,14 +14,11 @@ from edge_llm.engine.types import EngineEvent, Failed, Finished
 
 
 class ChoiceSender:
-    """What the engine holds for one choice: `send` never blocks and is safe from any thread."""
+    """What the engine holds for one choice; its events reach the channel through the engine's `Outbox`."""
 
     def __init__(self, channel: ReplyChannel, index: int) -> None:
         self._channel = channel
         self.index = index
-
-    def send(self, event: EngineEvent) -> None:
-        self._channel.put(self.index, event)
 
     def route(self) -> tuple[ReplyChannel, int]:
         return self._channel, self.index
@@ -38,18 +35,9 @@ class ReplyChannel:
     def sender(self, index: int) -> ChoiceSender:
         return ChoiceSender(self, index)
 
-    def send(self, event: EngineEvent) -> None:
-        """Sends for choice 0 (the single-choice case)."""
-        self.put(0, event)
-
     def route(self) -> tuple[ReplyChannel, int]:
+        """A single-choice channel is its own sender, for choice 0."""
         return self, 0
-
-    def put(self, index: int, event: EngineEvent) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, (index, event))
-        except RuntimeError:
-            pass  # the event loop is closed: nobody is listening any more
 
     async def choice_events(self) -> AsyncIterator[tuple[int, EngineEvent]]:
         """(choice index, event) until every choice has ended (Finished or Failed)."""
@@ -66,7 +54,9 @@ class ReplyChannel:
 
 
 class Sender(Protocol):
-    def send(self, event: EngineEvent) -> None: ...
+    """A choice's destination: its channel and the choice's index there."""
+
+    def route(self) -> tuple[ReplyChannel, int]: ...
 
 
 class Outbox:
@@ -89,11 +79,7 @@ class Outbox:
         pending, self._pending = self._pending, []
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[ReplyChannel, int, EngineEvent]]] = {}
         for sender, event in pending:
-            route = getattr(sender, "route", None)
-            if route is None:
-                sender.send(event)  # any other sender (a test's fake) gets its events one by one, in order
-                continue
-            channel, index = route()
+            channel, index = sender.route()
             by_loop.setdefault(channel._loop, []).append((channel, index, event))
         for loop, items in by_loop.items():
             try:

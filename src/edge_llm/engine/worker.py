@@ -377,7 +377,6 @@ class Engine:
         self._outbox.add(active.channel, Finished(reason, usage, timings))
 
     def _fail_everything(self, message: str, code: str) -> None:
-        self._outbox.flush()  # what the last steps produced goes first
         failed: list[_Active] = list(self._active.values())
         self._active.clear()
         while True:  # requests submitted but never seen by the loop
@@ -390,9 +389,10 @@ class Engine:
         for active in failed:
             if self.observer is not None:
                 self.observer.request_failed(active.request.request_id, code)
-            active.channel.send(Failed(message, code=code))
+            self._outbox.add(active.channel, Failed(message, code=code))  # after what the last steps produced
             if active.sampler is not None:
                 active.sampler.close()
+        self._outbox.flush()
         with self._lock:
             self._waiting_ids.clear()
 
