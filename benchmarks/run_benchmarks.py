@@ -44,7 +44,6 @@ REPO = BENCH_DIR.parent
 RESULTS = BENCH_DIR / "results"
 PEER_VENV = BENCH_DIR / ".venv-peer"
 PEER_REQUIREMENTS = ("llama-cpp-python[server]==0.3.36", "matplotlib==3.11.2")
-DEFAULT_MODEL = REPO / "models" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 
 THREADS = 2
 CLIENT_LEVELS = (1, 4, 8)
@@ -778,9 +777,15 @@ def metadata(model: Path, plan: Plan) -> dict[str, Any]:
     }
 
 
+def default_model() -> Path:
+    from edge_llm.models import default_model_path  # not at module level: see the module docstring
+
+    return default_model_path()
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     plan = Plan.make(args.quick, args.quiet_wait)
-    model = args.model.resolve()
+    model = (args.model or default_model()).resolve()
     RESULTS.mkdir(parents=True, exist_ok=True)
     prefix = shared_prefix_text()
     results: dict[str, Any] = {"meta": metadata(model, plan)}
@@ -824,7 +829,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--quiet-wait", type=float, default=120.0, metavar="S",
                         help="before each phase, wait up to S seconds for other processes to leave the CPUs "
                         "idle (default: %(default)s; 0 measures at once)")
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="GGUF model (default: %(default)s)")
+    parser.add_argument("--model", type=Path, default=None,
+                        help="GGUF model (default: the one `edge-llm model fetch` downloads)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (default: %(default)s)")
     parser.add_argument("--plot-only", nargs=2, type=Path, metavar=("JSON", "PNG"),
                         help="only render the plot of a results file (used under the peer venv)")

@@ -1,15 +1,60 @@
 #!/usr/bin/env bash
-# Sets up everything a fresh machine needs (virtualenv at .venv, pinned dependencies, the default
-# model), then either serves or runs the whole test suite.
+# Sets up everything a fresh machine needs, then serves or runs the test suite:
 #   scripts/bootstrap.sh serve [edge-llm serve flags...]
 #   scripts/bootstrap.sh test  [pytest args...]
+# 1. Debian packages that are missing (python3 with venv, a C/C++ toolchain, and for `test` the
+#    chromium the browser test drives): installed with apt-get when running as root, otherwise the
+#    apt-get command to run is printed and the script exits 1.
+# 2. The virtualenv .venv with the pinned dependencies (llama-cpp-python is built from source).
+# 3. The default model, in the per-user data directory (`edge-llm model fetch`; idempotent).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 action="${1:-serve}"
 shift || true
+case "$action" in
+  serve | test) ;;
+  *) echo "usage: scripts/bootstrap.sh serve|test [args...]" >&2; exit 2 ;;
+esac
 
 python="${PYTHON:-python3}"
+chromium="${EDGE_LLM_TEST_CHROMIUM:-/usr/bin/chromium}"
+
+missing_packages() {
+  local packages=()
+  if ! command -v "$python" >/dev/null; then
+    packages+=(python3 python3-venv)
+  elif ! "$python" -c 'import ensurepip, venv' 2>/dev/null; then  # Debian ships ensurepip in python3-venv
+    packages+=(python3-venv)
+  fi
+  for tool in cc c++ make; do
+    command -v "$tool" >/dev/null || { packages+=(build-essential); break; }
+  done
+  if [ "$action" = test ] && [ ! -x "$chromium" ]; then
+    packages+=(chromium)
+  fi
+  echo "${packages[@]}"
+}
+
+read -r -a packages <<< "$(missing_packages)"
+if [ "${#packages[@]}" -gt 0 ]; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    echo "installing Debian packages: ${packages[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${packages[@]}" >&2
+    read -r -a packages <<< "$(missing_packages)"
+  fi
+  if [ "${#packages[@]}" -gt 0 ]; then
+    echo "bootstrap: missing ${packages[*]}; install with: sudo apt-get install -y --no-install-recommends ${packages[*]}" >&2
+    exit 1
+  fi
+fi
+if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
+  echo "bootstrap: $("$python" --version 2>&1) is too old; Python 3.10 or newer is needed (set PYTHON=python3.x)" >&2
+  exit 1
+fi
+
 if [ ! -x .venv/bin/python ]; then
   echo "creating .venv" >&2
   "$python" -m venv .venv
@@ -32,5 +77,4 @@ fi
 case "$action" in
   serve) exec .venv/bin/edge-llm serve "$@" ;;
   test) exec .venv/bin/python -m pytest "$@" ;;
-  *) echo "usage: scripts/bootstrap.sh serve|test [args...]" >&2; exit 2 ;;
 esac

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from edge_llm import __version__
-from edge_llm.config import DEFAULT_MODEL_PATH, Settings, add_settings_arguments, settings_from_args
+from edge_llm.config import Settings, add_settings_arguments, settings_from_args
+from edge_llm.models import MODELS_DIR_ENV, default_model_path, models_dir
 
 logger = logging.getLogger("edge_llm.cli")
 
@@ -30,10 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
     model = commands.add_parser("model", help="fetch or inspect models").add_subparsers(dest="model_command",
                                                                                         required=True)
     fetch = model.add_parser("fetch", help="download, assemble and verify the default model (idempotent)")
-    fetch.add_argument("--dir", type=Path, default=DEFAULT_MODEL_PATH.parent, help="where models live (models/)")
+    fetch.add_argument("--dir", type=Path, default=None,
+                       help=f"where to put it (default: {models_dir()}, where `edge-llm serve` looks: "
+                       f"${MODELS_DIR_ENV}, else $XDG_DATA_HOME/edge-llm/models, else ~/.local/share/edge-llm/models)")
     fetch.set_defaults(handler=_fetch)
     info = model.add_parser("info", help="what a GGUF file holds and the memory it needs (reads the header only)")
-    info.add_argument("path", type=Path, help="the GGUF file")
+    info.add_argument("path", type=Path, nargs="?", default=None,
+                      help=f"the GGUF file (default: the default model, {default_model_path()})")
     info.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     info.add_argument("--ctx", type=int, default=8192, metavar="N", help="context size for the memory estimate")
     info.set_defaults(handler=_model_info)
@@ -84,7 +88,7 @@ def _fail(message: str) -> int:
 def _model_info(args: argparse.Namespace) -> int:
     from edge_llm.gguf_info import run_info
 
-    return run_info(args.path, as_json=args.json, n_ctx=args.ctx)
+    return run_info(args.path or default_model_path(), as_json=args.json, n_ctx=args.ctx)
 
 
 def _fetch(args: argparse.Namespace) -> int:
@@ -93,12 +97,13 @@ def _fetch(args: argparse.Namespace) -> int:
     _configure_logging("info")
     bar = _ProgressBar("assembling " + DEFAULT_MODEL.filename)
     try:
-        path = fetch(DEFAULT_MODEL, args.dir, progress=bar.update)
+        path = fetch(DEFAULT_MODEL, args.dir or models_dir(), progress=bar.update)
     except ModelFileError as exc:
         return _fail(str(exc))
     finally:
         bar.close()
-    sys.stderr.write(f"model ready: {path} (sha256 verified)\n")
+    where = "" if path.absolute() == default_model_path() else f"; serve it with --model {path}"
+    sys.stderr.write(f"model ready: {path} (sha256 verified{where})\n")
     return 0
 
 
@@ -139,16 +144,9 @@ def _serve(args: argparse.Namespace) -> int:
         first = exc.errors()[0]
         return _fail(f"invalid setting {'.'.join(map(str, first['loc']))}: {first['msg']}")
     _configure_logging(settings.log_level, settings.log_format)
-
-    from edge_llm.models import ModelFileError, check_model_file
-
-    try:
-        check_model_file(settings.model)
-    except ModelFileError as exc:
-        return _fail(str(exc))
     from edge_llm.preflight import preflight
 
-    problem = preflight(settings)  # port taken, not enough memory for the context
+    problem = preflight(settings)  # model missing or not GGUF, port taken, not enough memory for the context
     if problem is not None:
         return _fail(problem)
     return _run_server(settings)

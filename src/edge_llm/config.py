@@ -22,8 +22,9 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from edge_llm.models import MODELS_DIR_ENV, default_model_path
+
 ENV_PREFIX = "EDGE_LLM_"
-DEFAULT_MODEL_PATH = Path("models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
 CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"
 
 
@@ -42,7 +43,11 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
 
     # Model and engine
-    model: Path = Field(DEFAULT_MODEL_PATH, description="Path of the GGUF model file to serve.")
+    model: Path = Field(
+        default_factory=default_model_path,
+        description=f"Path of the GGUF model file to serve (default: the model `edge-llm model fetch` downloads, "
+        f"in ${MODELS_DIR_ENV}, else $XDG_DATA_HOME/edge-llm/models, else ~/.local/share/edge-llm/models).",
+    )
     model_alias: str | None = Field(
         None, description="Extra name clients may use in the `model` field (besides the file name)."
     )
@@ -211,8 +216,12 @@ def _argument_kwargs(name: str, info: FieldInfo) -> dict[str, Any]:
         annotation = typing.get_args(annotation)[0]
     if info.default_factory is list:
         default: Any = "none"
+    elif info.default_factory is _default_threads:
+        default = "cores available"
+    elif info.default_factory is not None:
+        default = info.default_factory()  # type: ignore[call-arg]
     else:
-        default = "cores available" if info.default_factory else info.default
+        default = info.default
     help_text = f"{info.description} Env: {env}. Default: {default}."
     if typing.get_origin(annotation) is Literal:
         return {"choices": list(typing.get_args(annotation)), "help": help_text}

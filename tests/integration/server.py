@@ -15,9 +15,24 @@ from pathlib import Path
 
 import httpx
 
+from edge_llm.models import default_model_path
+
 REPO = Path(__file__).resolve().parents[2]
-MODEL = Path(os.environ.get("EDGE_LLM_TEST_MODEL", REPO / "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"))
+# EDGE_LLM_TEST_MODEL picks another GGUF; by default the tests use the model `edge-llm model fetch` gets.
+MODEL = Path(os.environ.get("EDGE_LLM_TEST_MODEL") or default_model_path())
 MODEL_ID = MODEL.name.removesuffix(".gguf")
+
+
+def require_model() -> Path:
+    if not MODEL.is_file():
+        raise RuntimeError(f"the test model is missing: {MODEL} (run `edge-llm model fetch`, "
+                           "or set EDGE_LLM_TEST_MODEL to a GGUF file)")
+    return MODEL
+
+
+def environment(changes: dict[str, str | None] | None) -> dict[str, str]:
+    merged: dict[str, str | None] = {**os.environ, **(changes or {})}
+    return {name: value for name, value in merged.items() if value is not None}
 
 
 def free_port() -> int:
@@ -37,17 +52,18 @@ class RunningServer:
 
 
 @contextmanager
-def run_server(tmp_dir: Path, *flags: str, env: dict[str, str] | None = None,
-               startup_timeout: float = 120) -> Iterator[RunningServer]:
-    if not MODEL.is_file():
-        raise RuntimeError(f"the test model is missing: {MODEL} (run `.venv/bin/edge-llm model fetch`)")
+def run_server(tmp_dir: Path, *flags: str, env: dict[str, str | None] | None = None, startup_timeout: float = 120,
+               model: Path | None = MODEL, cwd: Path | None = None) -> Iterator[RunningServer]:
+    """env adds to the environment (None removes a variable); model=None passes no --model, so the server
+    looks for its default model itself."""
+    require_model()
     port = free_port()
     log_path = tmp_dir / f"server-{port}.log"
-    command = [sys.executable, "-m", "edge_llm", "serve", "--model", str(MODEL), "--port", str(port),
-               "--threads", "2", *flags]
+    model_flags = [] if model is None else ["--model", str(model)]
+    command = [sys.executable, "-m", "edge_llm", "serve", *model_flags, "--port", str(port), "--threads", "2", *flags]
     with log_path.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                   env={**os.environ, **(env or {})})
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
+                                   env=environment(env))
     server = RunningServer(f"http://127.0.0.1:{port}", process, log_path)
     try:
         _wait_ready(server, startup_timeout)

@@ -9,14 +9,26 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.server import MODEL
+from edge_llm.models import DEFAULT_MODEL
+from tests.integration.server import MODEL, environment, require_model
 
-pytestmark = pytest.mark.skipif(not MODEL.is_file(), reason="the default model is not fetched")
+
+@pytest.fixture(autouse=True)
+def model_present() -> None:
+    require_model()  # not a skip: a missing model fails these tests with what to run
 
 
-def model_info(*args: str) -> subprocess.CompletedProcess[str]:
+def model_info(*args: str, env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "edge_llm", "model", "info", *args],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, env=environment(env))
+
+
+def test_without_a_path_it_reads_the_default_model(tmp_path: Path) -> None:
+    (tmp_path / DEFAULT_MODEL.filename).symlink_to(MODEL)
+    result = model_info(env={"EDGE_LLM_MODELS_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == f"file           {tmp_path / DEFAULT_MODEL.filename}"
+    assert "architecture   qwen2" in result.stdout
 
 
 def test_json_facts_of_the_default_model() -> None:

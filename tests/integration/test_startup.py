@@ -1,5 +1,6 @@
-"""`edge-llm serve` start-up as a person meets it: the banner, and one clear line (exit code 1) for a
-taken port, a missing model and a context that does not fit in memory, before any model is loaded."""
+"""`edge-llm serve` start-up as a person meets it: the default model found from any directory, the
+banner, and one clear line (exit code 1) for a taken port, a missing model (naming where it looked) and
+a context that does not fit in memory, before any model is loaded."""
 
 from __future__ import annotations
 
@@ -8,9 +9,15 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
-from tests.integration.server import MODEL, free_port, run_server
+from edge_llm.models import DEFAULT_MODEL
+from tests.integration.server import MODEL, environment, free_port, require_model, run_server
+
+DEFAULT_ID = DEFAULT_MODEL.filename.removesuffix(".gguf")
+# Nothing from the developer's environment may choose the model for these tests.
+NO_MODEL_ENV: dict[str, str | None] = {"EDGE_LLM_MODEL": None, "EDGE_LLM_MODELS_DIR": None, "EDGE_LLM_CONFIG": None}
 
 
 def serve(*flags: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess[str], float]:
@@ -18,6 +25,23 @@ def serve(*flags: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess
     result = subprocess.run([sys.executable, "-m", "edge_llm", "serve", "--model", str(MODEL), "--threads", "2",
                              *flags], capture_output=True, text=True, timeout=timeout)
     return result, time.monotonic() - started
+
+
+def serve_without_model_flag(cwd: Path, env: dict[str, str | None]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "edge_llm", "serve", "--port", str(free_port())], cwd=cwd,
+                          env=environment({**NO_MODEL_ENV, **env}), capture_output=True, text=True, timeout=60)
+
+
+def test_the_default_model_is_found_from_any_directory(tmp_path: Path) -> None:
+    data_home = tmp_path / "data"
+    (data_home / "edge-llm" / "models").mkdir(parents=True)
+    (data_home / "edge-llm" / "models" / DEFAULT_MODEL.filename).symlink_to(require_model())
+    elsewhere = tmp_path / "somewhere" / "else"
+    elsewhere.mkdir(parents=True)
+    with run_server(tmp_path, "--log-format", "text", "--ctx-size", "1024", "--parallel", "1", "--cache-slots", "0",
+                    model=None, cwd=elsewhere, env={**NO_MODEL_ENV, "XDG_DATA_HOME": str(data_home)}) as server:
+        assert f"serving {DEFAULT_ID} on {server.url}; loading the model" in server.log()
+        assert [card["id"] for card in httpx.get(server.url + "/v1/models").json()["data"]] == [DEFAULT_ID]
 
 
 def test_banner_then_a_second_server_on_the_same_port_is_refused(tmp_path: Path) -> None:
@@ -51,14 +75,33 @@ def test_a_context_too_big_for_memory_is_refused_before_loading() -> None:
     assert "model loaded" not in result.stderr
 
 
+@pytest.mark.parametrize("override_dir", [False, True])
+def test_a_missing_default_model_names_where_it_looked(tmp_path: Path, override_dir: bool) -> None:
+    if override_dir:
+        env = {"EDGE_LLM_MODELS_DIR": str(tmp_path / "my-models"), "XDG_DATA_HOME": str(tmp_path / "unused")}
+        looked = tmp_path / "my-models" / DEFAULT_MODEL.filename
+    else:
+        env = {"XDG_DATA_HOME": str(tmp_path / "data")}
+        looked = tmp_path / "data" / "edge-llm" / "models" / DEFAULT_MODEL.filename
+    result = serve_without_model_flag(tmp_path, env)
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        f"edge-llm: error: model file not found: {looked} (the default model; run `edge-llm model fetch` "
+        "to download it there, or pass --model PATH)")
+
+
 @pytest.mark.parametrize("content", [None, b"definitely not a model file, just text" * 4])
 def test_a_missing_or_wrong_model_file(tmp_path: Path, content: bytes | None) -> None:
     path = tmp_path / "model.gguf"
     if content is not None:
         path.write_bytes(content)
-    result = subprocess.run([sys.executable, "-m", "edge_llm", "serve", "--model", str(path), "--port",
-                             str(free_port())], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-m", "edge_llm", "serve", "--model", path.name, "--port",
+                             str(free_port())], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     message = result.stderr.strip()
     assert message.count("\n") == 0 and message.startswith("edge-llm: error: ")
-    assert ("edge-llm model fetch" in message) if content is None else ("not a GGUF model file" in message)
+    if content is None:  # a relative --model is named by the absolute path that was looked at
+        assert message.startswith(f"edge-llm: error: model file not found: {path} (from --model, EDGE_LLM_MODEL")
+        assert "`edge-llm model fetch`" in message
+    else:
+        assert "not a GGUF model file" in message

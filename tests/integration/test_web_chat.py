@@ -1,9 +1,16 @@
 """The web chat at `/` in a real browser (Debian's chromium driven by Playwright) against a real server
-with the real model and an API key. Screenshots of each state go to test-artifacts/ (git-ignored)."""
+with the real model and an API key. Screenshots of each state go to test-artifacts/ (git-ignored).
+
+Without the browser these tests fail (a browser test that does not run shows nothing), each with the
+line saying how to install it; the rest of the run goes on. scripts/bootstrap.sh test installs it."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,24 +20,28 @@ import httpx
 import pytest
 
 from tests.helpers import Samples, scrape, total, wait_for
-from tests.integration.server import REPO, RunningServer, run_server
+from tests.integration.server import REPO, RunningServer, environment, run_server
 
-playwright_api = pytest.importorskip("playwright.sync_api")
-
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM = Path(os.environ.get("EDGE_LLM_TEST_CHROMIUM") or "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 ARTIFACTS = REPO / "test-artifacts"
 KEY = "web-chat-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
-if not Path(CHROMIUM).is_file():
-    # Not a skip: a browser test that does not run shows nothing. .ci/run installs the package.
-    raise RuntimeError(f"{CHROMIUM} is missing: apt-get install chromium (as .ci/run does)")
+
+
+def require_chromium() -> None:
+    """Called first by both module fixtures, so a missing browser fails before a server is started."""
+    if not CHROMIUM.is_file():
+        pytest.fail(f"{CHROMIUM} is missing, so the web chat cannot be tested: run `scripts/bootstrap.sh test` "
+                    "as root (it installs it), or: sudo apt-get install -y --no-install-recommends chromium",
+                    pytrace=False)
 
 
 @pytest.fixture(scope="module")
 def web_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    require_chromium()
     with run_server(tmp_path_factory.mktemp("web"), "--api-key", KEY, "--parallel", "2", "--ctx-size", "4096",
                     "--cache-slots", "2") as running:
         yield running
@@ -38,9 +49,12 @@ def web_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServ
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    require_chromium()
+    from playwright.sync_api import sync_playwright
+
     ARTIFACTS.mkdir(exist_ok=True)
-    with playwright_api.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         yield launched
         launched.close()
 
@@ -279,3 +293,16 @@ def test_new_chat_during_an_answer_aborts_it_and_starts_clean(chat: ChatPage, we
     chat.ask("Say hi.")
     chat.wait_done(1)
     assert [m["role"] for m in chat.chat_requests[-1]["body"]["messages"]] == ["user"]
+
+
+def test_a_missing_browser_fails_these_tests_and_the_others_still_run(tmp_path: Path) -> None:
+    missing = tmp_path / "no-chromium"
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         f"{Path(__file__).relative_to(REPO)}::test_markdown_is_rendered_safely",
+         "tests/unit/test_ops_config.py::test_api_keys_stay_out_of_repr"],
+        cwd=REPO, env=environment({"EDGE_LLM_TEST_CHROMIUM": str(missing)}), capture_output=True, text=True,
+        timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert re.search(r"\b1 passed, 1 error\b", result.stdout), result.stdout
+    assert f"{missing} is missing, so the web chat cannot be tested" in result.stdout

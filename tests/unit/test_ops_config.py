@@ -8,6 +8,7 @@ import pytest
 
 from edge_llm.cli import build_parser
 from edge_llm.config import CONFIG_FILE_ENV, Settings, settings_from_args
+from edge_llm.models import DEFAULT_MODEL, default_model_path
 
 
 @pytest.fixture(autouse=True)
@@ -74,6 +75,27 @@ def test_defaults_of_the_operations_settings() -> None:
     assert result.log_format == "json" and result.log_prompts is False and result.test_hooks is False
     assert result.drain_timeout == 30 and result.request_timeout is None and result.stream_idle_timeout == 30
     assert result.max_prompt_tokens is None and result.max_tokens_cap is None
+
+
+def test_the_default_model_lives_in_the_per_user_data_directory(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    home_default = tmp_path / "home" / ".local" / "share" / "edge-llm" / "models" / DEFAULT_MODEL.filename
+    assert settings().model == default_model_path() == home_default
+    monkeypatch.setenv("XDG_DATA_HOME", "relative/data")  # the XDG spec: a relative path is ignored
+    assert settings().model == home_default
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    assert settings().model == tmp_path / "data" / "edge-llm" / "models" / DEFAULT_MODEL.filename
+    monkeypatch.setenv("EDGE_LLM_MODELS_DIR", str(tmp_path / "mine"))
+    assert settings().model == default_model_path() == tmp_path / "mine" / DEFAULT_MODEL.filename
+
+
+def test_model_flag_and_environment_override_the_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EDGE_LLM_MODELS_DIR", str(tmp_path / "mine"))
+    monkeypatch.setenv("EDGE_LLM_MODEL", "~/other.gguf")
+    assert settings().model == Path.home() / "other.gguf"
+    assert settings("--model", str(tmp_path / "flag.gguf")).model == tmp_path / "flag.gguf"
 
 
 def test_api_keys_stay_out_of_repr() -> None:

@@ -1,4 +1,4 @@
-"""Start-up checks (port, memory) and the banner's pieces, without a model or a server."""
+"""Start-up checks (model file, port, memory) and the banner's pieces, without a model or a server."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 from edge_llm.banner import curl_example, local_url
 from edge_llm.config import Settings
 from edge_llm.gguf_info import ModelFacts
-from edge_llm.preflight import check_memory, check_port
+from edge_llm.models import DEFAULT_MODEL
+from edge_llm.preflight import check_memory, check_model, check_port, preflight
 
 GIB = 1 << 30
 
@@ -29,6 +30,27 @@ def facts(**overrides: object) -> ModelFacts:
 
 def settings(**values: object) -> Settings:
     return Settings(model=Path("m.gguf"), threads=2, **values)
+
+
+def test_a_missing_default_model_names_where_it_looked_and_how_to_fetch_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EDGE_LLM_MODEL", raising=False)
+    monkeypatch.setenv("EDGE_LLM_MODELS_DIR", str(tmp_path))
+    expected = (f"model file not found: {tmp_path / DEFAULT_MODEL.filename} (the default model; run "
+                "`edge-llm model fetch` to download it there, or pass --model PATH)")
+    assert preflight(Settings(threads=2, port=0)) == expected
+
+
+def test_a_missing_model_given_by_path_is_named_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("EDGE_LLM_MODELS_DIR", str(tmp_path / "store"))
+    message = check_model(Path("sub/missing.gguf"))
+    assert message == (f"model file not found: {tmp_path / 'sub' / 'missing.gguf'} (from --model, EDGE_LLM_MODEL "
+                       f"or the config file; `edge-llm model fetch` downloads the default model to "
+                       f"{tmp_path / 'store' / DEFAULT_MODEL.filename})")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "missing.gguf").write_bytes(b"not a gguf file, but long enough to be read")
+    assert check_model(Path("sub/missing.gguf")) == "not a GGUF model file (bad magic bytes): sub/missing.gguf"
 
 
 def test_a_taken_port_is_named_with_what_to_do() -> None:
