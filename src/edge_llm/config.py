@@ -126,6 +126,10 @@ class Settings(BaseSettings):
         30.0, ge=0, description="Seconds a client may leave a response unread before it is disconnected and "
         "its sequence freed (0 disables)."
     )
+    sse_keepalive: float = Field(
+        15.0, ge=0, description="Seconds a stream may send nothing (queued, prefilling) before it gets an SSE "
+        "`: keep-alive` comment, so proxies that cut idle connections keep it open (0 disables)."
+    )
     max_header_bytes: int = Field(
         16384, ge=1024, description="Most bytes of request headers; more get 431."
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
 from collections.abc import Callable
 
@@ -63,6 +64,9 @@ class FakeRunner:
         self._cond = threading.Condition()
         self._last_plan: StepPlan | None = None
         self._decode_calls = 0
+        self._decoding = False
+        self.close_thread: str | None = None
+        self.closed_during_decode: bool | None = None
 
     # ---- test controls ----
     def gated(self) -> FakeRunner:
@@ -86,6 +90,13 @@ class FakeRunner:
 
     # ---- the Runner protocol ----
     def decode(self, plan: StepPlan) -> None:
+        self._decoding = True
+        try:
+            self._decode(plan)
+        finally:
+            self._decoding = False
+
+    def _decode(self, plan: StepPlan) -> None:
         with self._cond:
             self._entered += 1
             self._cond.notify_all()
@@ -126,6 +137,9 @@ class FakeRunner:
         self.kv.apply_ops(list(ops))
 
     def close(self) -> None:
+        # What freeing the model would race with: checked by the lifecycle tests.
+        self.close_thread = threading.current_thread().name
+        self.closed_during_decode = self._decoding
         self.closed = True
 
 
@@ -488,6 +502,122 @@ def test_stop_fails_pending_requests(make_engine) -> None:
     assert all(s.closed for s in runner.samplers)
     assert exits == [None]
     assert engine.stats().waiting == 0
+
+
+def test_stop_that_times_out_during_a_decode_frees_the_model_only_after_it(make_engine) -> None:
+    runner = FakeRunner({1: [10] * 100}).gated()
+    engine = make_engine(runner, parallel=1)
+
+    async def main():
+        a = submit(engine, request("a", 1, max_tokens=100))
+        runner.wait_blocked(1)  # the engine thread is inside llama_decode (a long prefill)
+        assert engine.stop(timeout=0) is False  # the join timed out
+        assert not runner.closed and not runner.samplers[0].closed  # nothing freed under the decode
+        runner.open()
+        return await collect(a)
+
+    events = asyncio.run(main())
+    assert isinstance(last(events), Failed) and last(events).code == "shutting_down"
+    engine._thread.join(TIMEOUT)
+    assert runner.closed and runner.closed_during_decode is False
+    assert runner.close_thread == "edge-llm-engine"
+    assert all(s.closed for s in runner.samplers)
+
+
+class _ContendedLock:
+    """A lock that sets `contended` when a thread has to wait for it."""
+
+    def __init__(self, contended: threading.Event) -> None:
+        self._lock = threading.Lock()
+        self.contended = contended
+
+    def __enter__(self) -> _ContendedLock:
+        if not self._lock.acquire(blocking=False):
+            self.contended.set()
+            self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+class _PausingInbox(queue.SimpleQueue):
+    """An inbox whose first `submit` put waits for `resume`: the submitting thread is stopped between
+    its checks (ready, queue capacity) and the put."""
+
+    def __init__(self) -> None:
+        self.paused = threading.Event()
+        self.resume = threading.Event()
+
+    def put(self, item, block: bool = True, timeout: float | None = None) -> None:
+        if item[0] == "submit" and not self.paused.is_set():
+            self.paused.set()
+            assert self.resume.wait(TIMEOUT), "the test never resumed the submit"
+        super().put(item, block, timeout)
+
+
+def test_a_submit_caught_by_stop_is_answered_or_refused_never_lost() -> None:
+    proceed = threading.Event()  # stop() waits for the submit, or the engine thread has already ended
+    runner = FakeRunner({1: [EOG]})
+    engine = Engine(lambda: runner, n_ctx=256, batch_size=64, parallel=1, cache_slots=0, queue_capacity=8)
+    engine._lock = _ContendedLock(proceed)
+    engine._inbox = inbox = _PausingInbox()
+    engine.set_exit_handler(lambda error: proceed.set())
+    engine.start()
+    assert engine.wait_loaded(TIMEOUT)
+
+    async def main():
+        channel = ReplyChannel()
+        submitting = asyncio.ensure_future(asyncio.to_thread(engine.submit, request("late", 1), channel))
+        assert await asyncio.to_thread(inbox.paused.wait, TIMEOUT)
+        stopping = asyncio.ensure_future(asyncio.to_thread(engine.stop, TIMEOUT))
+        assert await asyncio.to_thread(proceed.wait, TIMEOUT)
+        inbox.resume.set()
+        try:
+            await submitting
+        except EngineUnavailableError:
+            return None
+        finally:
+            assert await stopping
+        try:
+            return await collect(channel)
+        except asyncio.TimeoutError:
+            raise AssertionError("the submitted request was never answered (put after the final drain)") from None
+
+    try:
+        events = asyncio.run(main())
+    finally:
+        inbox.resume.set()
+        engine.stop(timeout=TIMEOUT)
+    if events is not None:
+        assert len(events) == 1 and isinstance(events[0], Failed) and events[0].code == "shutting_down"
+    assert runner.closed and engine.stats().waiting == 0
+
+
+def test_submit_after_the_engine_ended_is_refused(make_engine) -> None:
+    runner = FakeRunner({1: [EOG]})
+    engine = make_engine(runner)
+    assert engine.stop(timeout=TIMEOUT)
+
+    async def main():
+        with pytest.raises(EngineUnavailableError):
+            submit(engine, request("late", 1))
+
+    asyncio.run(main())
+    assert engine.stats().waiting == 0
+
+
+def test_close_hooks_run_on_the_engine_thread_before_the_model_is_freed(make_engine) -> None:
+    runner = FakeRunner({1: [EOG]})
+    seen: list[tuple[str, bool]] = []
+    engine = make_engine(runner)
+    engine.add_close_hook(lambda: seen.append((threading.current_thread().name, runner.closed)))
+    engine.add_close_hook(lambda: 1 / 0)  # a failing hook does not keep the model from being freed
+    engine.stop(timeout=TIMEOUT)
+    assert seen == [("edge-llm-engine", False)]
+    assert runner.closed
+    engine.add_close_hook(lambda: seen.append((threading.current_thread().name, runner.closed)))
+    assert seen[1] == (threading.current_thread().name, True)  # added too late: it runs at once
 
 
 def test_runner_factory_failure(make_engine) -> None:

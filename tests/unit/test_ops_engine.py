@@ -5,8 +5,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx
+import pytest
+
+from edge_llm.api.app import create_app
+from edge_llm.config import Settings
 from edge_llm.engine.channel import ReplyChannel
 from edge_llm.engine.scheduler import StepPlan
 from edge_llm.engine.types import (
@@ -233,3 +239,96 @@ def test_stats_is_safe_to_read_while_the_engine_runs() -> None:
         asyncio.run(run())
     finally:
         engine.stop()
+
+
+# ---- the tokenizer thread and the end of the model ---------------------------------------------------
+
+
+class TokenizingRunner(SlowRunner):
+    """A tokenize that stays inside the vocabulary until someone waits for the tokenizer thread (or the model
+    is freed); a close that notes whether a tokenize was still running on what it frees."""
+
+    def __init__(self, waited_for: threading.Event) -> None:
+        super().__init__()
+        self.waited_for = waited_for
+        self.inside = threading.Event()
+        self.tokenizing = False
+        self.closed_while_tokenizing: bool | None = None
+        self.close_thread: str | None = None
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        self.tokenizing = True
+        self.inside.set()
+        try:
+            assert self.waited_for.wait(5), "nobody waited for the tokenizer thread"
+            return [1, 2, 3]
+        finally:
+            self.tokenizing = False
+
+    def close(self) -> None:
+        self.closed_while_tokenizing = self.tokenizing
+        self.close_thread = threading.current_thread().name
+        self.waited_for.set()  # a close that did not wait must not hang the test: it fails it
+
+
+class WatchedPool(ThreadPoolExecutor):
+    """The tokenizer pool, telling when a shutdown starts waiting for its thread."""
+
+    def __init__(self, waited_for: threading.Event) -> None:
+        super().__init__(max_workers=1, thread_name_prefix="edge-llm-tokenizer")
+        self.waited_for = waited_for
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        if wait:
+            self.waited_for.set()
+        super().shutdown(wait=wait, cancel_futures=cancel_futures)
+
+
+def _app_with(runner: SlowRunner) -> tuple[Any, Engine]:
+    engine = Engine(lambda: runner, n_ctx=4096, batch_size=64, parallel=2, cache_slots=0, queue_capacity=8)
+    app = create_app(Settings(), engine, on_fatal=lambda: None)
+    return app, engine
+
+
+@pytest.mark.parametrize("ending", ["app shutdown", "engine stop (the drain)", "engine death"])
+def test_the_model_is_freed_only_after_the_tokenizer_thread_is_done(ending: str) -> None:
+    waited_for = threading.Event()
+    runner = TokenizingRunner(waited_for)
+    app, engine = _app_with(runner)
+    service = app.state.chat_service
+    service._tokenizer_pool.shutdown()
+    service._tokenizer_pool = WatchedPool(waited_for)
+
+    async def run() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
+            async with app.router.lifespan_context(app):
+                assert await asyncio.to_thread(engine.wait_loaded, 5)
+                call = asyncio.ensure_future(client.post("/tokenize", json={"content": "hello"}))
+                assert await asyncio.to_thread(runner.inside.wait, 5)  # inside llama_tokenize
+                if ending == "engine death":
+                    engine.kill_for_test()
+                if ending != "app shutdown":
+                    assert await asyncio.to_thread(engine.stop, 5)
+            # "app shutdown": leaving the lifespan stops everything
+            return await asyncio.wait_for(call, 5)
+
+    response = asyncio.run(run())
+    assert response.status_code == 200 and response.json()["tokens"] == [1, 2, 3]  # the running tokenize finished
+    assert runner.closed_while_tokenizing is False
+    assert runner.close_thread == "edge-llm-engine"
+
+
+def test_tokenizer_work_after_the_pool_closed_gets_503() -> None:
+    runner = TokenizingRunner(threading.Event())
+    app, engine = _app_with(runner)
+
+    async def run() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
+            async with app.router.lifespan_context(app):
+                assert await asyncio.to_thread(engine.wait_loaded, 5)
+                app.state.chat_service.close()  # as the app's shutdown does first; the engine still runs
+                return await client.post("/tokenize", json={"content": "hello"})
+
+    response = asyncio.run(run())
+    assert response.status_code == 503 and response.json()["error"]["code"] == "engine_unavailable"
+    assert not runner.inside.is_set()

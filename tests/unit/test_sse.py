@@ -1,10 +1,14 @@
-"""SSE framing (api/sse.py): encode_event / decode_events."""
+"""SSE framing (api/sse.py): encode_event / decode_events, and EventStreamResponse's keep-alive comments."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
 import pytest
 
-from edge_llm.api.sse import decode_events, encode_event
+from edge_llm.api.sse import KEEPALIVE, EventStreamResponse, decode_events, encode_event
 
 ROUND_TRIP = [
     "plain",
@@ -74,3 +78,98 @@ def test_decode_like_an_eventsource_client() -> None:
     # (framed with "\n" as our server does; see the report on "\r\n"-framed streams)
     stream = "event: x\ndata:no-space\ndata:  two\nid: 7\n\n: comment only\n\ndata: y\n\n"
     assert decode_events(stream) == [("x", "no-space\n two"), ("message", "y")]
+
+
+# ---- keep-alive comments ------------------------------------------------------------------------------
+
+
+class Client:
+    """The ASGI side of one response: records what is sent; `comment` is set at the first keep-alive."""
+
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+        self.comment = asyncio.Event()
+        self.disconnect = asyncio.Event()
+
+    async def receive(self) -> dict[str, Any]:
+        await self.disconnect.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.messages.append(message)
+        if message.get("body") == KEEPALIVE:
+            self.comment.set()
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(m.get("body", b"") for m in self.messages if m["type"] == "http.response.body")
+
+
+async def _serve(response: EventStreamResponse, client: Client) -> None:
+    await asyncio.wait_for(response({"type": "http"}, client.receive, client.send), 5)
+
+
+def test_an_idle_stream_gets_keep_alive_comments_before_its_first_event() -> None:
+    async def run() -> Client:
+        client = Client()
+
+        async def body() -> AsyncIterator[bytes]:
+            await client.comment.wait()  # queued: nothing to send until a keep-alive has gone out
+            yield encode_event("first")
+            yield encode_event("[DONE]")
+
+        await _serve(EventStreamResponse(body(), keepalive_interval=0.05), client)
+        return client
+
+    client = asyncio.run(run())
+    start, *bodies, end = client.messages
+    assert start["type"] == "http.response.start"
+    assert end == {"type": "http.response.body", "body": b"", "more_body": False}  # nothing after the end
+    assert bodies[0]["body"] == KEEPALIVE == b": keep-alive\n\n"
+    assert all(m["more_body"] for m in bodies)
+    text = client.body.decode()
+    assert text.endswith("data: first\n\ndata: [DONE]\n\n")
+    assert decode_events(text) == [("message", "first"), ("message", "[DONE]")]  # the comments are ignored
+
+
+def test_keep_alive_off_sends_only_the_events() -> None:
+    async def run() -> Client:
+        client = Client()
+
+        async def body() -> AsyncIterator[bytes]:
+            await asyncio.sleep(0.2)  # idle for 4 intervals of the test above: the condition under test
+            yield encode_event("only")
+
+        await _serve(EventStreamResponse(body(), keepalive_interval=0), client)
+        return client
+
+    assert asyncio.run(run()).body == b"data: only\n\n"
+
+
+def test_a_client_leaving_an_idle_stream_ends_it_and_stops_the_keep_alive() -> None:
+    async def run() -> tuple[Client, list[str]]:
+        client = Client()
+        calls: list[str] = []
+        closed = asyncio.Event()
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                await asyncio.Event().wait()  # never any output
+                yield b""
+            finally:
+                closed.set()
+
+        async def leave() -> None:
+            await client.comment.wait()
+            client.disconnect.set()
+
+        leaving = asyncio.ensure_future(leave())
+        await _serve(EventStreamResponse(body(), keepalive_interval=0.05,
+                                         on_disconnect=lambda: calls.append("abort")), client)
+        await leaving
+        assert closed.is_set()
+        return client, calls
+
+    client, calls = asyncio.run(run())
+    assert calls == ["abort"]
+    assert set(client.body.split(KEEPALIVE)) == {b""}  # only comments were sent

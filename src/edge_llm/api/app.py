@@ -91,8 +91,10 @@ def create_app(
         try:
             yield
         finally:
+            # The tokenizer thread reads the model, so it ends before the engine thread frees it (the
+            # engine runs the same close itself when it ends another way: a drain, a crash).
+            await asyncio.to_thread(app.state.chat_service.close)
             await asyncio.to_thread(engine.stop)
-            app.state.chat_service.close()
 
     app = EdgeApp(title="Edge LLM Engine", version=__version__, lifespan=lifespan)
     app.state.settings = settings

@@ -195,9 +195,16 @@ class ChatService:
         self._tokenizer_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edge-llm-tokenizer")
         self._prompt_builder: PromptBuilder | None = None
         self._schema_grammar = functools.lru_cache(maxsize=GRAMMAR_CACHE_SIZE)(self._compile_schema_grammar)
+        # The tokenizer thread reads the model that the engine thread frees when it ends (stop, or a crash):
+        # the engine runs this first, on its thread.
+        engine.add_close_hook(self.close)
 
     def close(self) -> None:
-        self._tokenizer_pool.shutdown(wait=False, cancel_futures=True)
+        """Takes no more tokenizer work and waits for what was queued: after it returns, nothing here uses
+        the runner. Blocking; idempotent."""
+        # Queued tasks still run (the model is not freed yet): a cancelled one would raise CancelledError
+        # into a request that was not cancelled. Later ones get 503 from _off_loop.
+        self._tokenizer_pool.shutdown(wait=True)
 
     # ---- models ------------------------------------------------------------------------
 
@@ -563,7 +570,12 @@ class ChatService:
         self._runner()
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._tokenizer_pool, functools.partial(function, *args, **kwargs))
+            pending = loop.run_in_executor(self._tokenizer_pool, functools.partial(function, *args, **kwargs))
+        except RuntimeError:  # the pool is shut down: the engine is stopping
+            raise APIError(503, "The inference engine is not running", code="engine_unavailable",
+                           headers={"Retry-After": "2"}) from None
+        try:
+            return await pending
         except TemplateError as exc:
             raise from_engine_error(exc) from None
 
@@ -664,6 +676,7 @@ class ChatService:
             guarded(),
             headers=self._headers(generation),
             on_disconnect=lambda: self._abort(generation),
+            keepalive_interval=self.settings.sse_keepalive,
         )
 
     async def _collect(self, request: Request, generation: Generation) -> list[ChoiceResult]:

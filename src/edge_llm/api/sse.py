@@ -14,6 +14,9 @@ logger = logging.getLogger(__name__)
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
+KEEPALIVE = b": keep-alive\n\n"  # an SSE comment: every client ignores it
+DEFAULT_KEEPALIVE_INTERVAL = 15.0
+
 
 def encode_event(data: str, event: str | None = None) -> bytes:
     """One SSE event. Each line of `data` becomes its own `data:` field, so an EventSource client
@@ -49,6 +52,10 @@ class EventStreamResponse(StreamingResponse):
     A listener task waits on `http.disconnect` (an event, not a poll), whatever ASGI spec
     version the server speaks; when it fires, the body iterator is cancelled, its `finally`
     blocks run, and `on_disconnect` (which aborts the engine request) is called.
+
+    While the body has sent nothing for `keepalive_interval` seconds (a request waiting in the queue or
+    prefilling a long prompt), a `: keep-alive` comment goes out, so proxies that cut idle connections
+    (often after 60 s) keep the stream open. 0 turns it off.
     """
 
     def __init__(
@@ -57,6 +64,7 @@ class EventStreamResponse(StreamingResponse):
         *,
         headers: dict[str, str] | None = None,
         on_disconnect: Callable[[], None] | None = None,
+        keepalive_interval: float = DEFAULT_KEEPALIVE_INTERVAL,
     ) -> None:
         super().__init__(
             body,
@@ -64,38 +72,92 @@ class EventStreamResponse(StreamingResponse):
             headers={"cache-control": "no-cache", "x-accel-buffering": "no", **(headers or {})},
         )
         self.on_disconnect = on_disconnect
+        self.keepalive_interval = keepalive_interval
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        writer = _Writer(send)
         async with anyio.create_task_group() as group:
+
+            def client_gone() -> None:
+                if self.on_disconnect is not None:
+                    self.on_disconnect()
+                group.cancel_scope.cancel()
 
             async def stream() -> None:
                 try:
-                    await self._stream(send)
+                    await self._stream(writer)
                 except OSError:
-                    if self.on_disconnect is not None:
-                        self.on_disconnect()
+                    client_gone()
                 group.cancel_scope.cancel()
+
+            async def keep_alive() -> None:
+                try:
+                    await writer.keep_alive(self.keepalive_interval)
+                except OSError:
+                    client_gone()
 
             async def listen() -> None:
                 while True:
                     message = await receive()
                     if message["type"] == "http.disconnect":
-                        if self.on_disconnect is not None:
-                            self.on_disconnect()
+                        client_gone()
                         break
                 group.cancel_scope.cancel()
 
             group.start_soon(stream)
             group.start_soon(listen)
+            if self.keepalive_interval > 0:
+                group.start_soon(keep_alive)
 
-    async def _stream(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+    async def _stream(self, writer: _Writer) -> None:
+        await writer.start(self.status_code, self.raw_headers)
         try:
             async for chunk in self.body_iterator:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await writer.write(chunk)
         finally:
             aclose = getattr(self.body_iterator, "aclose", None)
             if aclose is not None:
                 with anyio.CancelScope(shield=True):
                     await aclose()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await writer.end()
+
+
+class _Writer:
+    """The response's one way to `send`: the body and the keep-alive task take turns, and nothing is sent
+    before the response starts or after it ends."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self._lock = anyio.Lock()
+        self._started = anyio.Event()
+        self._ended = False
+        self._last_sent = anyio.current_time()
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        async with self._lock:
+            await self._send({"type": "http.response.start", "status": status, "headers": headers})
+            self._last_sent = anyio.current_time()
+            self._started.set()
+
+    async def write(self, chunk: bytes) -> None:
+        async with self._lock:
+            await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
+            self._last_sent = anyio.current_time()
+
+    async def end(self) -> None:
+        async with self._lock:
+            self._ended = True
+            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def keep_alive(self, interval: float) -> None:
+        """Sends a comment whenever nothing has been sent for `interval` seconds, until the end."""
+        await self._started.wait()
+        while True:
+            await anyio.sleep_until(self._last_sent + interval)
+            async with self._lock:
+                if self._ended:
+                    return
+                if anyio.current_time() >= self._last_sent + interval:
+                    logger.debug("stream idle for %.1f s: keep-alive", interval)
+                    await self._send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
+                    self._last_sent = anyio.current_time()

@@ -98,7 +98,12 @@ class Engine:
         self._scheduler = Scheduler(n_ctx=n_ctx, batch_size=batch_size, parallel=parallel, cache_slots=cache_slots)
         self.queue_capacity = queue_capacity
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        # Guards _waiting_ids, and makes submit's check-and-put and the close of the inbox (_closed)
+        # mutually exclusive: a request is either in the inbox before the final drain or refused.
         self._lock = threading.Lock()
+        self._closed = False
+        self._close_hooks: list[Callable[[], None]] = []
+        self._close_hooks_ran = False
         self._waiting_ids: set[str] = set()  # submitted, not yet admitted (bounded by queue_capacity)
         self._active: dict[str, _Active] = {}  # engine thread only
         self._outbox = Outbox()  # engine thread only: flushed once a step
@@ -122,6 +127,16 @@ class Engine:
         if self._loaded.is_set() and not self._thread.is_alive():
             handler(self.failure)
 
+    def add_close_hook(self, hook: Callable[[], None]) -> None:
+        """`hook()` runs on the engine thread when it ends, after the last request is answered and before
+        the model is freed: whoever uses the runner from another thread (the tokenizer) stops there.
+        Added after that point, it runs at once."""
+        with self._lock:
+            if not self._close_hooks_ran:
+                self._close_hooks.append(hook)
+                return
+        hook()
+
     def wait_loaded(self, timeout: float | None = None) -> bool:
         return self._loaded.wait(timeout)
 
@@ -133,25 +148,36 @@ class Engine:
     def alive(self) -> bool:
         return self._thread.is_alive() and self.failure is None
 
-    def stop(self, timeout: float | None = 10.0) -> None:
-        self._stopped = True
-        self._inbox.put(("stop", None))
+    def stop(self, timeout: float | None = 10.0) -> bool:
+        """Refuses new requests, asks the engine thread to end and waits up to `timeout` for it.
+
+        True when the thread has ended. On a timeout (a long decode step) the thread ends on its own
+        after that step: only the engine thread frees the model, so nothing is freed under a decode."""
+        with self._lock:
+            self._stopped = True
+            self._closed = True
+            self._inbox.put(("stop", None))
         if self._thread.is_alive():
             self._thread.join(timeout)
+        if self._thread.is_alive():
+            logger.warning("the engine thread is still in a decode step after %s s; it frees the model "
+                           "when the step ends", timeout)
+            return False
+        return True
 
     # ---- requests (any thread) -----------------------------------------------------------
 
     def submit(self, request: GenerationRequest, channel: Sender) -> None:
-        if not self.ready:
-            raise EngineUnavailableError("the engine is not running")
-        with self._lock:
-            if len(self._waiting_ids) >= self.queue_capacity:
-                raise QueueFullError(f"the request queue is full ({self.queue_capacity} waiting)")
-            self._waiting_ids.add(request.request_id)
         active = _Active(request, channel, time.monotonic())
         if self.request_timeout is not None:
             active.deadline = active.submitted_at + self.request_timeout
-        self._inbox.put(("submit", active))
+        with self._lock:
+            if self._closed or not self.ready:
+                raise EngineUnavailableError("the engine is not running")
+            if len(self._waiting_ids) >= self.queue_capacity:
+                raise QueueFullError(f"the request queue is full ({self.queue_capacity} waiting)")
+            self._waiting_ids.add(request.request_id)
+            self._inbox.put(("submit", active))
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))
@@ -197,20 +223,33 @@ class Engine:
             except BaseException as exc:  # noqa: BLE001
                 logger.exception("engine thread died")
                 error = exc
-            # Not ready from here on (submit refuses), before anyone waiting hears why.
-            self.failure = error
+        # Not ready from here on, before anyone waiting hears why; and once _closed is set under the lock
+        # submit raises, so the sweep below is the final drain of the inbox.
+        self.failure = error
+        with self._lock:
             self._stopped = True
+            self._closed = True
+        if self.runner is not None:
             message, code = (
                 ("the inference engine stopped unexpectedly", "engine_unavailable") if error is not None
                 else ("the server is shutting down", "shutting_down")
             )
             self._fail_everything(message, code)
-            self.runner.close()
-            self._fail_everything(message, code)  # a submit that raced with the first sweep
-        self.failure = error
-        self._stopped = True
+        self._run_close_hooks()
+        if self.runner is not None:
+            self.runner.close()  # here only: on the engine thread, after its last decode and the close hooks
         if self._on_exit is not None:
             self._on_exit(error)
+
+    def _run_close_hooks(self) -> None:
+        with self._lock:
+            hooks, self._close_hooks = self._close_hooks, []
+            self._close_hooks_ran = True
+        for hook in hooks:
+            try:
+                hook()
+            except Exception:  # noqa: BLE001 - the model is freed whatever a hook does
+                logger.exception("engine close hook failed")
 
     def _loop(self) -> None:
         scheduler = self._scheduler
