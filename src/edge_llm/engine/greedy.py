@@ -14,7 +14,8 @@ class GreedyPicker:
     def __init__(self, logit_bias: tuple[tuple[int, float], ...] = ()) -> None:
         self._bias_ids = np.array([token for token, _ in logit_bias], dtype=np.int64)
         self._bias_values = np.array([bias for _, bias in logit_bias], dtype=np.float32)
-        self._biased = frozenset(int(token) for token in self._bias_ids)
+        self._bias = {int(token): float(bias) for token, bias in logit_bias}
+        self._biased = frozenset(self._bias)
 
     def pick(self, logits: np.ndarray) -> int:
         """The token greedy sampling chooses; `logits` (the model's, one row) is never modified."""
@@ -26,6 +27,10 @@ class GreedyPicker:
         biased = logits.copy()
         biased[self._bias_ids] += self._bias_values
         return int(biased.argmax())
+
+    def biased_logit(self, logits: np.ndarray, token: int) -> float:
+        """The logit `token` was picked with: -inf when logit_bias (or a mask in `logits`) bans it."""
+        return float(logits[token]) + self._bias.get(token, 0.0)
 
     def close(self) -> None:
         """Nothing native to free (the engine closes every sampler)."""

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import random
 from dataclasses import dataclass
@@ -16,9 +17,10 @@ import llama_cpp
 import numpy as np
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
+from edge_llm.engine.grammar import GrammarError, check_grammar_limits, check_schema_limits
 from edge_llm.engine.greedy import GreedyPicker
 from edge_llm.engine.scheduler import KvCopy, KvOp, KvRemove, StepPlan
-from edge_llm.engine.types import OutOfCellsError, SamplingParams, TokenLogprob
+from edge_llm.engine.types import OutOfCellsError, SamplingExhausted, SamplingParams, TokenLogprob
 
 logger = logging.getLogger(__name__)
 _llama_logger = logging.getLogger("edge_llm.llama_cpp")
@@ -45,54 +47,9 @@ class ModelLoadError(RuntimeError):
     pass
 
 
-class GrammarError(ValueError):
-    """A grammar (or the JSON schema it came from) that llama.cpp cannot use."""
-
-
-# Grammars come from request bodies. llama.cpp's grammar parser recurses once per nesting level, so a
-# deep one (a JSON schema with `"maxLength": 1000000`) overflows the C stack and kills the process; and
-# sampling costs about (alternatives open at a point × vocabulary) per token on the engine thread, so a
-# huge `enum` stalls every sequence. Both are bounded before llama.cpp sees a grammar.
-MAX_GRAMMAR_CHARS = 256 * 1024
-MAX_GRAMMAR_NESTING = 1024
-MAX_GRAMMAR_ALTERNATIVES = 2048  # `|`, `?` and `*` outside literals: a bound on the grammar stacks
-
-
-def check_grammar_limits(grammar: str) -> None:
-    if len(grammar) > MAX_GRAMMAR_CHARS:
-        raise GrammarError(f"the grammar is too large ({len(grammar)} characters; at most {MAX_GRAMMAR_CHARS})")
-    alternatives = depth = deepest = 0
-    closing = ""  # the end of the literal ('"') or character class (']') being read, if any
-    escaped = False
-    for char in grammar:  # one linear pass (no regular expression that could backtrack)
-        if escaped:
-            escaped = False
-        elif closing:
-            if char == "\\":
-                escaped = True
-            elif char == closing:
-                closing = ""
-        elif char == '"' or char == "[":
-            closing = '"' if char == '"' else "]"
-        elif char in "|?*":
-            alternatives += 1
-        elif char == "(":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif char == ")":
-            depth -= 1
-    if alternatives > MAX_GRAMMAR_ALTERNATIVES:
-        raise GrammarError(f"the grammar is too complex ({alternatives} alternatives; at most "
-                           f"{MAX_GRAMMAR_ALTERNATIVES}): use a smaller enum or fewer optional parts")
-    if deepest > MAX_GRAMMAR_NESTING:
-        raise GrammarError(f"the grammar is nested too deeply ({deepest} levels; at most {MAX_GRAMMAR_NESTING}): "
-                           "lower maxLength / maxItems")
-
-
 def json_schema_to_grammar(schema: dict) -> str:
-    """GBNF for a JSON schema, via llama-cpp-python's converter (pure Python)."""
-    import json
-
+    """GBNF for a JSON schema, via llama-cpp-python's converter (pure Python), after the schema's bounds."""
+    check_schema_limits(schema)
     try:
         return json_schema_to_gbnf(json.dumps(schema))
     except RecursionError:
@@ -148,18 +105,59 @@ class _LoadProgress:
 
 
 class Sampler:
-    """A native llama.cpp sampler chain, one per sequence."""
+    """One sequence's sampling state: the greedy fast path or a native chain, and its grammar apart.
 
-    def __init__(self, handle: llama_cpp.llama_sampler_p) -> None:
-        self._handle = handle
+    The grammar is kept out of the chain so that it can be checked lazily (see `LlamaRunner.sample`)
+    and so that no token it rejects ever reaches its `accept`, which throws a C++ exception
+    (fatal across ctypes) on a token the grammar does not allow.
+    """
+
+    def __init__(self, *, picker: GreedyPicker | None = None, chain: llama_cpp.llama_sampler_p | None = None,
+                 grammar: llama_cpp.llama_sampler_p | None = None) -> None:
+        self.picker = picker
+        self.chain = chain
+        self.grammar = grammar
 
     def close(self) -> None:
-        if self._handle is not None:
-            llama_cpp.llama_sampler_free(self._handle)
-            self._handle = None
+        for handle in (self.chain, self.grammar):
+            if handle is not None:
+                llama_cpp.llama_sampler_free(handle)
+        self.chain = self.grammar = None
 
     def __del__(self) -> None:
         self.close()
+
+
+# llama_token_data: {int32 id; float logit; float p}
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+
+
+class _Candidates:
+    """A reusable llama_token_data_array over the whole vocabulary, refilled from a row of logits."""
+
+    def __init__(self, n_vocab: int) -> None:
+        self.data = np.zeros(n_vocab, dtype=_TOKEN_DATA)
+        self._ids = np.arange(n_vocab, dtype=np.int32)
+        self.array = llama_cpp.llama_token_data_array(
+            data=self.data.ctypes.data_as(llama_cpp.llama_token_data_p), size=n_vocab, selected=-1, sorted=False)
+        self.pointer = ctypes.pointer(self.array)
+
+    def fill(self, logits: np.ndarray) -> None:
+        # Samplers sort and shrink the array in place: every use starts from a fresh copy in token order.
+        self.data["id"] = self._ids
+        self.data["logit"] = logits
+        self.data["p"] = 0.0
+        self.array.size = len(self.data)
+        self.array.selected = -1
+        self.array.sorted = False
+
+    def selected(self) -> tuple[int, float] | None:
+        """The chosen token and its logit after the samplers ran, or None when nothing was chosen."""
+        index = self.array.selected
+        if not 0 <= index < self.array.size:
+            return None
+        entry = self.array.data[index]
+        return int(entry.id), float(entry.logit)
 
 
 class LlamaRunner:
@@ -193,6 +191,8 @@ class LlamaRunner:
         self._n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self._pieces: dict[int, bytes] = {}
         self._end_tokens = tuple(t for t in range(self._n_vocab) if self.is_end_of_generation(t))  # ~0.2 s
+        self._candidates = _Candidates(self._n_vocab)  # engine thread only, like sampling
+        self._single = _Candidates(1)
         self.info = self._read_info()
 
     # ---- model facts -----------------------------------------------------------------
@@ -320,19 +320,18 @@ class LlamaRunner:
         if code != 0:
             raise DecodeError(code)
 
-    def new_sampler(self, params: SamplingParams) -> Sampler | GreedyPicker:
+    def new_sampler(self, params: SamplingParams) -> Sampler:
         penalized = params.repeat_penalty != 1.0 or params.frequency_penalty or params.presence_penalty
         logit_bias = self._logit_bias(params)
-        if params.greedy and params.grammar is None and not penalized:
-            return GreedyPicker(logit_bias)
-        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-        add = llama_cpp.llama_sampler_chain_add
+        grammar = None
         if params.grammar is not None:
             grammar = self._grammar_sampler(params.grammar)
             if grammar is None:
-                llama_cpp.llama_sampler_free(chain)
                 raise GrammarError("llama.cpp rejected the grammar")
-            add(chain, grammar)
+        if params.greedy and not penalized:
+            return Sampler(picker=GreedyPicker(logit_bias), grammar=grammar)
+        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        add = llama_cpp.llama_sampler_chain_add
         if logit_bias:
             biases = (llama_cpp.llama_logit_bias * len(logit_bias))()
             for i, (token, bias) in enumerate(logit_bias):
@@ -358,7 +357,7 @@ class LlamaRunner:
             add(chain, llama_cpp.llama_sampler_init_temp(params.temperature))
             seed = params.seed if params.seed is not None else random.getrandbits(32)
             add(chain, llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
-        return Sampler(chain)
+        return Sampler(chain=chain, grammar=grammar)
 
     def _grammar_sampler(self, grammar: str) -> llama_cpp.llama_sampler_p | None:
         handle = llama_cpp.llama_sampler_init_grammar(self._vocab, grammar.encode("utf-8"), b"root")
@@ -373,10 +372,61 @@ class LlamaRunner:
             raise GrammarError("llama.cpp rejected the grammar")
         llama_cpp.llama_sampler_free(handle)
 
-    def sample(self, sampler: Sampler | GreedyPicker, batch_index: int) -> int:
-        if isinstance(sampler, GreedyPicker):
-            return sampler.pick(self._logits(batch_index))
-        return int(llama_cpp.llama_sampler_sample(sampler._handle, self._ctx, batch_index))
+    def sample(self, sampler: Sampler, batch_index: int) -> int:
+        """The next token of one sequence. Under a grammar, llama.cpp's common-sampler scheme: sample as if
+        unconstrained, check that one token against the grammar, and only when it is rejected apply the
+        grammar to the whole vocabulary and sample again (at temperature 0 the same token as grammar-first;
+        most tokens pass, so the 151,936-candidate grammar pass is rare). Raises `SamplingExhausted` when no
+        token may follow; a token the grammar rejects is never accepted into it."""
+        if sampler.grammar is None:
+            if sampler.picker is not None:
+                return sampler.picker.pick(self._logits(batch_index))
+            return int(llama_cpp.llama_sampler_sample(sampler.chain, self._ctx, batch_index))
+        logits = self._logits(batch_index)
+        token = self._pick(sampler, logits, constrained=False)
+        if token is None or not self._grammar_allows(sampler.grammar, token):
+            token = self._pick(sampler, logits, constrained=True)
+            if token is None:
+                raise self._exhausted(sampler.grammar)
+        llama_cpp.llama_sampler_accept(sampler.grammar, token)
+        if sampler.chain is not None:
+            llama_cpp.llama_sampler_accept(sampler.chain, token)
+        return token
+
+    def _pick(self, sampler: Sampler, logits: np.ndarray, *, constrained: bool) -> int | None:
+        """One draw of the sequence's sampler (the chain is applied, not accepted); None when every candidate
+        is banned (-inf) by the grammar (when `constrained`) and logit_bias together."""
+        picker = sampler.picker
+        if not constrained and picker is not None:
+            token = picker.pick(logits)
+            return None if picker.biased_logit(logits, token) == -np.inf else token
+        candidates = self._candidates
+        candidates.fill(logits)
+        if constrained:
+            llama_cpp.llama_sampler_apply(sampler.grammar, candidates.pointer)
+        if picker is not None:
+            masked = candidates.data["logit"]  # token order: the grammar masks, it does not sort
+            token = picker.pick(masked)
+            return None if picker.biased_logit(masked, token) == -np.inf else token
+        llama_cpp.llama_sampler_apply(sampler.chain, candidates.pointer)
+        chosen = candidates.selected()
+        return None if chosen is None or chosen[1] == -np.inf else chosen[0]
+
+    def _grammar_allows(self, grammar: llama_cpp.llama_sampler_p, token: int) -> bool:
+        single = self._single
+        single.data[0] = (token, 1.0, 0.0)
+        single.array.size = 1
+        single.array.selected = -1
+        single.array.sorted = False
+        llama_cpp.llama_sampler_apply(grammar, single.pointer)
+        return bool(single.data["logit"][0] != -np.inf)
+
+    def _exhausted(self, grammar: llama_cpp.llama_sampler_p) -> SamplingExhausted:
+        if self._end_tokens and self._grammar_allows(grammar, self._end_tokens[0]):
+            # The grammar is complete and only an end token may follow, but end tokens are banned (ignore_eos
+            # or logit_bias): the answer is over.
+            return SamplingExhausted("the grammar is complete", complete=True)
+        return SamplingExhausted("logit_bias bans every token the grammar allows at this point", complete=False)
 
     def _logits(self, batch_index: int) -> np.ndarray:
         """The logits of one batch position, viewed in place (valid until the next decode)."""

@@ -101,3 +101,14 @@ class EngineUnavailableError(EngineError):
 
 class OutOfCellsError(EngineError):
     """The KV cache had no room for a batch (llama_decode returned 1)."""
+
+
+class SamplingExhausted(EngineError):
+    """No token may follow under the request's grammar and logit_bias.
+
+    `complete`: the grammar is complete and only a (banned) end token could follow, so the answer is over;
+    otherwise logit_bias bans everything the grammar allows, which is the request's own contradiction."""
+
+    def __init__(self, message: str, *, complete: bool) -> None:
+        super().__init__(message)
+        self.complete = complete

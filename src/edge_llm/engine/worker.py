@@ -27,6 +27,7 @@ from edge_llm.engine.types import (
     GenerationRequest,
     OutOfCellsError,
     QueueFullError,
+    SamplingExhausted,
     SamplingParams,
     TextDelta,
     TokenLogprob,
@@ -278,12 +279,24 @@ class Engine:
             for sequence, batch_index in plan.samples:
                 active = self._active.get(sequence.request_id)
                 if active is not None:
-                    token = self.runner.sample(active.sampler, batch_index)
-                    if active.request.logprobs is not None:
-                        active.pending_logprobs.append(
-                            self.runner.logprobs(batch_index, token, active.request.logprobs)
-                        )
-                    self._on_token(active, token)
+                    self._sample(active, batch_index)
+
+    def _sample(self, active: _Active, batch_index: int) -> None:
+        try:
+            token = self.runner.sample(active.sampler, batch_index)
+            if active.request.logprobs is not None:
+                active.pending_logprobs.append(self.runner.logprobs(batch_index, token, active.request.logprobs))
+        except SamplingExhausted as exc:
+            if exc.complete:
+                self._finish(active, FinishReason.STOP)
+            else:
+                self._fail(active, f"The answer cannot continue: {exc}", "invalid_request")
+            return
+        except Exception as exc:  # noqa: BLE001 - one request's sampling error must not take the engine down
+            logger.exception("sampling failed", extra={"request_id": active.request.request_id})
+            self._fail(active, f"Sampling failed: {exc}", "engine_error")
+            return
+        self._on_token(active, token)
 
     def _drain_inbox(self, *, block: bool) -> bool:
         """Handles every queued command; waits for one if there is nothing to do. False means stop."""
@@ -414,6 +427,16 @@ class Engine:
             text = "".join(active.text_parts) if active.text_parts is not None else None
             self.observer.request_finished(active.request.request_id, reason, usage, phase, text)
         self._outbox.add(active.channel, Finished(reason, usage, timings))
+
+    def _fail(self, active: _Active, message: str, code: str) -> None:
+        """Ends one request with an error (what it streamed so far stays sent)."""
+        del self._active[active.request.request_id]
+        self._scheduler.remove(active.sequence, keep_in_cache=True)
+        active.sampler.close()
+        logger.warning("request failed: %s", message, extra={"request_id": active.request.request_id})
+        if self.observer is not None:
+            self.observer.request_failed(active.request.request_id, code)
+        self._outbox.add(active.channel, Failed(message, code=code))
 
     def _fail_everything(self, message: str, code: str) -> None:
         failed: list[_Active] = list(self._active.values())
