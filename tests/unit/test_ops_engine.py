@@ -25,7 +25,7 @@ from edge_llm.engine.types import (
     TextDelta,
     Usage,
 )
-from edge_llm.engine.worker import Engine
+from edge_llm.engine.worker import Engine, EngineStats
 
 
 class _Sampler:
@@ -94,9 +94,9 @@ class Recorder:
 
 
 def make_engine(*, request_timeout: float | None = None, parallel: int = 2, keep_text: bool = False,
-                step: float = 0.01) -> tuple[Engine, Recorder]:
+                step: float = 0.01, cache_slots: int = 0) -> tuple[Engine, Recorder]:
     recorder = Recorder()
-    engine = Engine(lambda: SlowRunner(step), n_ctx=4096, batch_size=64, parallel=parallel, cache_slots=0,
+    engine = Engine(lambda: SlowRunner(step), n_ctx=4096, batch_size=64, parallel=parallel, cache_slots=cache_slots,
                     queue_capacity=8, request_timeout=request_timeout, observer=recorder, keep_text=keep_text)
     engine.start()
     assert engine.wait_loaded(5)
@@ -223,22 +223,40 @@ def test_stop_fails_what_is_left_as_shutting_down() -> None:
     assert engine.failure is None
 
 
-def test_stats_is_safe_to_read_while_the_engine_runs() -> None:
-    engine, _ = make_engine(step=0.001)
+def test_stats_is_safe_to_read_while_prefix_cache_entries_are_added_and_evicted() -> None:
+    # Two cache slots and prompts that differ in their last token: every request that ends puts its sequence in
+    # the prefix cache and, from the third on, evicts the oldest entry, while another thread reads stats().
+    engine, recorder = make_engine(step=0.001, cache_slots=2)
+    snapshots: list[EngineStats] = []
+    done = threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            snapshots.append(engine.stats())
 
     async def run() -> None:
-        channel = ReplyChannel()
-        engine.submit(request("busy", max_tokens=300), channel)
-        for _ in range(200):
-            stats = engine.stats()
-            assert stats.kv_cells_total == 4096 and stats.kv_cells_reserved >= 0
-            await asyncio.sleep(0)
-        await collect(channel)
+        for wave in range(6):
+            channels = [ReplyChannel() for _ in range(6)]
+            for i, channel in enumerate(channels):
+                engine.submit(GenerationRequest(f"r{wave}-{i}", [5, 6, 7, 100 + 6 * wave + i], 3), channel)
+            for channel in channels:
+                assert isinstance((await collect(channel))[-1], Finished)
 
+    reader = threading.Thread(target=read)
+    reader.start()
     try:
         asyncio.run(run())
     finally:
+        done.set()
+        reader.join(5)
         engine.stop()
+    assert len(recorder.named("finished")) == 36  # 36 entries into 2 cache slots: 34 evictions or more while reading
+    assert len(snapshots) > 100
+    assert max(stats.cached_sequences for stats in snapshots) == 2
+    for stats in snapshots:
+        assert stats.kv_cells_total == 4096 and 0 <= stats.cached_sequences <= 2
+        # -1: the cache kept changing while it was summed (stats() gives up after a few tries rather than lock)
+        assert stats.kv_cells_reserved == -1 or 0 <= stats.kv_cells_reserved <= 4096, stats
 
 
 # ---- the tokenizer thread and the end of the model ---------------------------------------------------
