@@ -188,8 +188,11 @@ class Scheduler:
         plan.kv_ops, self._pending_ops = self._pending_ops, []
         for sequence in self.running:
             # The last prompt token is decoded on its own, like a generated one, never inside a prefill
-            # chunk: its logits then come from the same kind of batch whether the rest of the prompt was
-            # computed now or taken from the prefix cache, so a seed gives the same text either way.
+            # chunk, whether the rest of the prompt was computed now or taken from the prefix cache. That
+            # does not make a temperature-0 or seeded answer repeatable: cached KV was computed in another
+            # batch layout and batch mates change this batch, so the logits differ in rounding. Only a
+            # request that runs alone without the prefix cache (--parallel 1 --cache-slots 0) repeats
+            # exactly (docs/architecture.md, Repeatability; issue #18).
             if sequence.phase is Phase.PREFILL and sequence.leader is None \
                     and sequence.n_past == len(sequence.prompt) - 1:
                 sequence.phase = Phase.DECODE
