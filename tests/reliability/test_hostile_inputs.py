@@ -329,6 +329,9 @@ PATHOLOGICAL_SCHEMAS = {
     # once per nesting level), or minutes of engine time per token (a 50 000-value enum).
     "maxLength 10^6": json.dumps({"type": "string", "maxLength": 1_000_000}),
     "maxItems 10^6": json.dumps({"type": "array", "items": {"type": "integer"}, "maxItems": 1_000_000}),
+    # Before the repetition bound: the converter wrote 10^9 rule references out (minutes, gigabytes).
+    "minLength 10^9": json.dumps({"type": "string", "minLength": 1_000_000_000}),
+    "pattern a{10^9}": json.dumps({"type": "string", "pattern": "^a{1000000000}$"}),
     "enum of 50 000": json.dumps({"enum": [f"v{i}" for i in range(50_000)]}),
     "enum of 5 000": json.dumps({"enum": [f"value {i}" for i in range(5_000)]}),
     "anyOf 5 000": json.dumps({"anyOf": [{"type": "object", "properties": {f"p{i}": {"type": "integer"}},

@@ -6,7 +6,7 @@ token the grammar rejects being accepted into it. Across ctypes any of these kil
 regression cases below are the ones found; the property-based run mixes `response_format`, `tools` /
 `tool_choice`, `logit_bias`, `ignore_eos`, `stop`, `n`, `logprobs`, `seed`, `max_tokens` and sampler values at
 their limits against one live server: no 5xx, no process death, every answer in its documented shape.
-`EDGE_LLM_COMBO_EXAMPLES` (default 40) sets how many bodies it sends.
+`EDGE_LLM_COMBO_EXAMPLES` (default 30) sets how many bodies it sends.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from tests.reliability.support import (
     wait_idle,
 )
 
-EXAMPLES = env_int("EDGE_LLM_COMBO_EXAMPLES", 40)
+EXAMPLES = env_int("EDGE_LLM_COMBO_EXAMPLES", 30)
 BOOLEAN = {"type": "boolean"}
 ANSWER = {"type": "object", "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
           "required": ["answer"], "additionalProperties": False}
@@ -211,7 +211,7 @@ LIMITS = st.fixed_dictionaries({}, optional={
 @st.composite
 def bodies(draw: st.DrawFn) -> dict[str, Any]:
     body: dict[str, Any] = {"messages": [{"role": "user", "content": draw(TEXTS)}],
-                            "max_tokens": draw(st.integers(1, 48))}
+                            "max_tokens": draw(st.integers(1, 24))}
     body.update(draw(TOOL_SETUPS))
     response_format = draw(RESPONSE_FORMATS)
     if response_format is not None:
@@ -224,7 +224,7 @@ def bodies(draw: st.DrawFn) -> dict[str, Any]:
         body["ignore_eos"] = True
     if draw(st.booleans()):
         body["stop"] = draw(st.sampled_from(["\n", "}", ["e", "<tool_call>"], "\"", "yes"]))
-    body["n"] = draw(st.sampled_from([1, 1, 2, 3]))
+    body["n"] = draw(st.sampled_from([1, 1, 1, 2, 3]))
     if draw(st.booleans()):
         body["logprobs"] = True
         body["top_logprobs"] = draw(st.integers(0, 20))
@@ -260,6 +260,7 @@ def check_answer(body: dict[str, Any], response: httpx.Response) -> None:
 
 
 def test_any_mix_of_fields_gets_an_answer_or_a_clear_error(combo_server: RunningServer) -> None:
+    before = wait_idle(combo_server)  # start-up polled /readyz while the model loaded: 503 "loading"
     started = time.monotonic()
     sent = [0]
 
@@ -276,8 +277,9 @@ def test_any_mix_of_fields_gets_an_answer_or_a_clear_error(combo_server: Running
     samples = wait_idle(combo_server)
     print(f"\n{sent[0]} mixed bodies in {time.monotonic() - started:.0f} s")
     assert sent[0] >= EXAMPLES
-    assert not any(value for (name, labels), value in samples.items()
-                   if name == "edge_llm_http_requests_total" and dict(labels)["status"].startswith("5"))
+    server_errors = {labels: value - before.get((name, labels), 0.0) for (name, labels), value in samples.items()
+                     if name == "edge_llm_http_requests_total" and dict(labels)["status"].startswith("5")}
+    assert not any(server_errors.values()), server_errors
     assert metric(samples, "edge_llm_engine_alive") == 1
     assert_serving(combo_server)
     assert_no_unhandled_errors(combo_server)

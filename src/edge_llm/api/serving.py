@@ -324,11 +324,12 @@ class ChatService:
         functions = [tool.function.model_dump(exclude_none=True) for tool in chat.active_tools]
         if isinstance(chat.tool_choice, NamedToolChoice):
             wanted = chat.tool_choice.function.name
-            return self._checked_grammar(
-                forced_call_grammar([f for f in functions if f["name"] == wanted], self._schema_to_gbnf),
+            return self._checked_grammar(forced_call_grammar(
+                [f for f in functions if f["name"] == wanted], functools.partial(self._schema_to_gbnf, param="tools")),
                 param="tool_choice")
         if chat.tool_choice == "required":
-            return self._checked_grammar(forced_call_grammar(functions, self._schema_to_gbnf), param="tools")
+            return self._checked_grammar(
+                forced_call_grammar(functions, functools.partial(self._schema_to_gbnf, param="tools")), param="tools")
         response_format = chat.response_format
         if response_format is None or response_format.type == "text":
             return None
@@ -339,13 +340,13 @@ class ChatService:
         """JSON schema → checked GBNF; cached (bounded) by the schema's canonical JSON."""
         return self._checked_grammar(self._schema_to_gbnf(json.loads(schema_json)), param="response_format")
 
-    def _schema_to_gbnf(self, schema: dict[str, Any]) -> str:
+    def _schema_to_gbnf(self, schema: dict[str, Any], *, param: str = "response_format") -> str:
         from edge_llm.engine.runner import GrammarError, json_schema_to_grammar
 
         try:
             return json_schema_to_grammar(schema)
         except GrammarError as exc:
-            raise invalid_request(str(exc), param="response_format", code="invalid_schema") from None
+            raise invalid_request(str(exc), param=param, code="invalid_schema") from None
 
     def _checked_grammar(self, grammar: str, *, param: str) -> str:
         from edge_llm.engine.runner import GrammarError

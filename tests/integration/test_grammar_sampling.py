@@ -1,0 +1,89 @@
+"""Grammar-constrained sampling on the real model, in process: the lazy check (sample, check that one token,
+resample under the grammar only when it is rejected) picks, token for token, what llama.cpp's grammar-first
+chain picks at temperature 0 — with and without a penalty in the chain and a logit_bias."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import llama_cpp
+import pytest
+
+from edge_llm.engine.runner import ContextConfig, LlamaRunner, json_schema_to_grammar
+from edge_llm.engine.scheduler import StepPlan
+from edge_llm.engine.types import SamplingParams
+from tests.integration.server import MODEL
+
+SCHEMAS = {
+    "object": {"type": "object"},
+    "person": {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                                "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}}},
+               "required": ["name", "age", "tags"]},
+    "list of numbers": {"type": "array", "items": {"type": "number"}, "minItems": 3},
+}
+PROMPT = ("<|im_start|>user\nDescribe a person called Ada who is 36, as JSON with name, age and tags."
+          "<|im_end|>\n<|im_start|>assistant\n")
+
+
+@pytest.fixture(scope="module")
+def runner() -> Iterator[LlamaRunner]:
+    runner = LlamaRunner(MODEL, ContextConfig(n_ctx=1024, n_batch=512, n_seq_max=1, n_threads=2, n_threads_batch=2))
+    yield runner
+    runner.close()
+
+
+def grammar_first_chain(runner: LlamaRunner, params: SamplingParams) -> llama_cpp.llama_sampler_p:
+    """What the engine sampled with before the lazy check: grammar first, then bias, penalties, greedy."""
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_grammar(
+        llama_cpp.llama_model_get_vocab(runner._model), params.grammar.encode(), b"root"))
+    if params.logit_bias:
+        biases = (llama_cpp.llama_logit_bias * len(params.logit_bias))()
+        for i, (token, bias) in enumerate(params.logit_bias):
+            biases[i].token, biases[i].bias = token, bias
+        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_logit_bias(
+            runner.n_vocab, len(params.logit_bias), biases))
+    if params.repeat_penalty != 1.0:
+        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_penalties(
+            runner.n_vocab, 64, params.repeat_penalty, 0.0, 0.0))
+    llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
+    return chain
+
+
+CASES = {
+    "person, greedy": ("person", {}),
+    "numbers, greedy": ("list of numbers", {}),
+    "object, penalty chain": ("object", {"repeat_penalty": 1.3}),
+    "person, logit_bias": ("person", {"logit_bias": ((90, -100.0), (4913, 3.0))}),
+}
+
+
+@pytest.mark.parametrize(("schema", "extra"), list(CASES.values()), ids=list(CASES))
+def test_the_lazy_grammar_check_picks_what_grammar_first_picks(runner: LlamaRunner, schema: str,
+                                                                extra: dict) -> None:
+    params = SamplingParams(temperature=0.0, grammar=json_schema_to_grammar(SCHEMAS[schema]), **extra)
+    lazy = runner.new_sampler(params)
+    reference = grammar_first_chain(runner, params)
+    runner.clear_kv()
+    prompt = runner.tokenize(PROMPT, add_special=False, parse_special=True)
+    plan = StepPlan()
+    for position, token in enumerate(prompt):
+        plan.add(token, position, 0, position == len(prompt) - 1)
+    runner.decode(plan)
+    index, position, picked = len(prompt) - 1, len(prompt), []
+    try:
+        for _ in range(64):
+            token = runner.sample(lazy, index)
+            expected = llama_cpp.llama_sampler_sample(reference, runner._ctx, index)  # noqa: SLF001 - the reference
+            assert token == expected, (picked, runner.detokenize(picked))
+            picked.append(token)
+            if runner.is_end_of_generation(token):
+                break
+            step = StepPlan()
+            index = step.add(token, position, 0, True)
+            runner.decode(step)
+            position += 1
+    finally:
+        lazy.close()
+        llama_cpp.llama_sampler_free(reference)
+    assert len(picked) >= 8, runner.detokenize(picked)

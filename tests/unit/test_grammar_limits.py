@@ -1,0 +1,60 @@
+"""The bounds on request grammars and JSON schemas, checked before llama.cpp or the converter see them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from edge_llm.engine.grammar import (
+    MAX_GRAMMAR_ALTERNATIVES,
+    MAX_GRAMMAR_NESTING,
+    MAX_SCHEMA_REPETITION,
+    GrammarError,
+    check_grammar_limits,
+    check_schema_limits,
+)
+
+HUGE = MAX_SCHEMA_REPETITION + 1
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "minLength": 10**9},
+    {"type": "array", "items": {"type": "integer"}, "minItems": HUGE},
+    {"type": "object", "properties": {"deep": {"type": "array", "items": {"type": "string", "maxLength": HUGE}}}},
+    {"anyOf": [{"type": "string"}, {"type": "object", "maxProperties": 10**12}]},
+    {"type": "string", "pattern": "^a{1000000000}$"},
+    {"type": "string", "pattern": "x{2,99999999}"},
+    {"type": "string", "pattern": "x{ 20000 , }"},
+], ids=["minLength", "minItems", "nested maxLength", "in anyOf", "pattern count", "pattern upper", "pattern spaces"])
+def test_repetitions_the_converter_would_expand_are_refused(schema: dict[str, Any]) -> None:
+    with pytest.raises(GrammarError, match="too"):
+        check_schema_limits(schema)
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "maxLength": MAX_SCHEMA_REPETITION},
+    {"type": "array", "items": {"type": "string", "pattern": "^[a-z]{2,8}$"}, "minItems": 1, "maxItems": 10},
+    {"type": "object", "properties": {"minLength": {"type": "integer"}}},  # a property named like a keyword
+    {"enum": [{"maxLength": "not a count"}, 3]},
+    {"type": "string", "pattern": "literal \\{braces\\}"},
+], ids=["at the bound", "ordinary", "property named minLength", "enum data", "escaped braces"])
+def test_ordinary_schemas_pass(schema: dict[str, Any]) -> None:
+    check_schema_limits(schema)
+
+
+def test_a_schema_nested_beyond_the_python_stack_is_walked_without_recursion() -> None:
+    schema: dict[str, Any] = {"type": "string", "minLength": HUGE}
+    for _ in range(50_000):
+        schema = {"type": "array", "items": schema}
+    with pytest.raises(GrammarError):
+        check_schema_limits(schema)
+
+
+def test_grammar_limits() -> None:
+    check_grammar_limits('root ::= "a" | "b"')
+    with pytest.raises(GrammarError, match="too complex"):
+        check_grammar_limits("root ::= " + " | ".join(f'"{i}"' for i in range(MAX_GRAMMAR_ALTERNATIVES + 2)))
+    with pytest.raises(GrammarError, match="nested too deeply"):
+        check_grammar_limits("root ::= " + "(" * (MAX_GRAMMAR_NESTING + 1) + '"a"' + ")" * (MAX_GRAMMAR_NESTING + 1))
+    check_grammar_limits('root ::= "((((|||" [(|]')  # inside literals and classes nothing counts
