@@ -6,7 +6,7 @@ token the grammar rejects being accepted into it. Across ctypes any of these kil
 regression cases below are the ones found; the property-based run mixes `response_format`, `tools` /
 `tool_choice`, `logit_bias`, `ignore_eos`, `stop`, `n`, `logprobs`, `seed`, `max_tokens` and sampler values at
 their limits against one live server: no 5xx, no process death, every answer in its documented shape.
-`EDGE_LLM_COMBO_EXAMPLES` (default 30) sets how many bodies it sends.
+`EDGE_LLM_COMBO_EXAMPLES` (default 20) sets how many bodies it sends.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from tests.reliability.support import (
     wait_idle,
 )
 
-EXAMPLES = env_int("EDGE_LLM_COMBO_EXAMPLES", 30)
+EXAMPLES = env_int("EDGE_LLM_COMBO_EXAMPLES", 20)
 BOOLEAN = {"type": "boolean"}
 ANSWER = {"type": "object", "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
           "required": ["answer"], "additionalProperties": False}
@@ -211,7 +211,7 @@ LIMITS = st.fixed_dictionaries({}, optional={
 @st.composite
 def bodies(draw: st.DrawFn) -> dict[str, Any]:
     body: dict[str, Any] = {"messages": [{"role": "user", "content": draw(TEXTS)}],
-                            "max_tokens": draw(st.integers(1, 24))}
+                            "max_tokens": draw(st.integers(1, 16))}
     body.update(draw(TOOL_SETUPS))
     response_format = draw(RESPONSE_FORMATS)
     if response_format is not None:
