@@ -778,7 +778,7 @@ def metadata(model: Path, plan: Plan) -> dict[str, Any]:
 
 
 def default_model() -> Path:
-    from edge_llm.models import default_model_path  # not at module level: see the module docstring
+    from edge_llm.models.fetch import default_model_path  # not at module level: see the module docstring
 
     return default_model_path()
 

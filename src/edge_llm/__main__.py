@@ -1,3 +1,3 @@
-from edge_llm.cli import main
+from edge_llm.cli.main import main
 
 raise SystemExit(main())

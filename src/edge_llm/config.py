@@ -22,7 +22,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from edge_llm.models import MODELS_DIR_ENV, default_model_path
+from edge_llm.models.fetch import MODELS_DIR_ENV, default_model_path
 
 ENV_PREFIX = "EDGE_LLM_"
 CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from edge_llm.models import default_model_path
+from edge_llm.models.fetch import default_model_path
 
 REPO = Path(__file__).resolve().parents[2]
 # EDGE_LLM_TEST_MODEL picks another GGUF; by default the tests use the model `edge-llm model fetch` gets.

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_llm.models import DEFAULT_MODEL
+from edge_llm.models.fetch import DEFAULT_MODEL
 from tests.integration.server import MODEL, environment, require_model
 
 

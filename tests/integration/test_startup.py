@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from edge_llm.models import DEFAULT_MODEL
+from edge_llm.models.fetch import DEFAULT_MODEL
 from tests.integration.server import MODEL, environment, free_port, require_model, run_server
 
 DEFAULT_ID = DEFAULT_MODEL.filename.removesuffix(".gguf")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_llm.bench import (
+from edge_llm.cli.bench import (
     BenchConfig,
     StreamRecorder,
     StreamResult,

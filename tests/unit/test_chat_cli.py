@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from edge_llm.chat_cli import Answer, Conversation, _sse_data, command
+from edge_llm.cli.chat import Answer, Conversation, _sse_data, command
 
 
 def test_commands_change_the_conversation() -> None:

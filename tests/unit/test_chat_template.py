@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from edge_llm.chat_template import FALLBACK_TEMPLATE, ChatTemplate, Segment, TemplateError
-from edge_llm.prompt import PromptBuilder
+from edge_llm.prompting.chat_template import FALLBACK_TEMPLATE, ChatTemplate, Segment, TemplateError
+from edge_llm.prompting.prompt import PromptBuilder
 
 SPECIALS = {"<|im_start|>": 1, "<|im_end|>": 2, "<s>": 3}
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from gguf import GGUFWriter, LlamaFileType
 
-from edge_llm.gguf_info import GGUFInfoError, describe, read_model_facts
+from edge_llm.models.gguf_info import GGUFInfoError, describe, read_model_facts
 
 
 def write_model(path: Path, *, template: str | None = "{{ messages }}", vocab: int = 100) -> None:
@@ -49,7 +49,7 @@ def test_facts_from_the_header(tmp_path: Path) -> None:
     assert memory.kv_cache_bytes == 2 * 1000 * (2 * 8) * 2 * 2  # n_layer × n_ctx × (n_head_kv × head_dim) × 2 × 2
     assert memory.compute_bytes == 4 * 10 * (100 + 2 * 64) + 4 * 100 * 3
     assert memory.total_bytes == memory.weights_bytes + memory.kv_cache_bytes + memory.compute_bytes
-    assert any(line.startswith("chat template  yes") for line in describe(facts, 1000))
+    assert any(line.startswith("chat template  yes") for line in describe(facts, 1000, n_seq=3))
 
 
 def test_long_vocabularies_are_skipped_not_kept(tmp_path: Path) -> None:
@@ -59,8 +59,8 @@ def test_long_vocabularies_are_skipped_not_kept(tmp_path: Path) -> None:
     assert facts.vocab_size == 5000
     assert not facts.has_chat_template
     assert facts.metadata["tokenizer.ggml.tokens"].items is None
-    assert any("no (edge-llm falls back to ChatML)" in line for line in describe(facts, 100))
-    assert any(line.startswith("note") for line in describe(facts, 8192))  # past the trained context
+    assert any("no (edge-llm falls back to ChatML)" in line for line in describe(facts, 100, n_seq=3))
+    assert any(line.startswith("note") for line in describe(facts, 8192, n_seq=3))  # past the trained context
 
 
 @pytest.mark.parametrize("content", [b"", b"GGU", b"not a gguf file at all, some text", b"GGUF\x03\x00\x00\x00\x05"])

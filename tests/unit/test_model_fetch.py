@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from edge_llm import models
-from edge_llm.models import ChunkedModel, fetch
+from edge_llm.models import fetch as models
+from edge_llm.models.fetch import ChunkedModel, fetch
 
 CONTENT = b"GGUF" + bytes(range(256)) * 8
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from edge_llm.cli import build_parser
+from edge_llm.cli.main import build_parser
 from edge_llm.config import CONFIG_FILE_ENV, Settings, settings_from_args
-from edge_llm.models import DEFAULT_MODEL, default_model_path
+from edge_llm.models.fetch import DEFAULT_MODEL, default_model_path
 
 
 @pytest.fixture(autouse=True)

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from edge_llm.banner import curl_example, local_url
+from edge_llm.cli.banner import curl_example, local_url
 from edge_llm.config import Settings
-from edge_llm.gguf_info import ModelFacts
-from edge_llm.models import DEFAULT_MODEL
-from edge_llm.preflight import check_memory, check_model, check_port, preflight
+from edge_llm.models.gguf_info import ModelFacts
+from edge_llm.models.fetch import DEFAULT_MODEL
+from edge_llm.cli.preflight import check_memory, check_model, check_port, preflight
 
 GIB = 1 << 30
 
@@ -83,7 +83,7 @@ def test_memory_for_the_context() -> None:
 
 
 def test_warnings_for_a_context_past_training_and_for_paging(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="edge_llm.preflight"):
+    with caplog.at_level(logging.WARNING, logger="edge_llm.cli.preflight"):
         assert check_memory(settings(ctx_size=65536), facts(), available=20 * GIB) is None
         assert check_memory(settings(ctx_size=8192), facts(tensor_data_bytes=8 * GIB), available=8 * GIB) is None
     text = caplog.text

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from edge_llm.api.errors import APIError, from_engine_error, from_pydantic, from_validation_errors
 from edge_llm.api.protocol import ChatCompletionRequest, SamplingDefaults, SimplePromptRequest
-from edge_llm.chat_template import TemplateError
+from edge_llm.prompting.chat_template import TemplateError
 from edge_llm.engine.types import EngineUnavailableError, QueueFullError
 
 DEFAULTS = SamplingDefaults(temperature=0.7, top_p=0.9, top_k=40, max_tokens=128)

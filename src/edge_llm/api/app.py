@@ -34,7 +34,7 @@ from edge_llm.api.telemetry import EngineTelemetry, RequestRecords
 from edge_llm.api.web import web_router
 from edge_llm.config import Settings
 from edge_llm.engine.worker import Engine
-from edge_llm.metrics import Metrics, ServerState
+from edge_llm.api.metrics import Metrics, ServerState
 
 logger = logging.getLogger(__name__)
 

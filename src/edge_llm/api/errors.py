@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edge_llm.api.protocol import ErrorDetail, ErrorResponse
-from edge_llm.chat_template import TemplateError
+from edge_llm.prompting.chat_template import TemplateError
 from edge_llm.engine.types import EngineUnavailableError, QueueFullError
 
 logger = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from edge_llm.api.errors import APIError
 from edge_llm.api.lifecycle import Lifecycle
 from edge_llm.api.telemetry import RequestRecord, RequestRecords
 from edge_llm.logs import bind_request_id, new_request_id, sane_request_id, unbind_request_id
-from edge_llm.metrics import Metrics
+from edge_llm.api.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 access_logger = logging.getLogger("edge_llm.access")

@@ -40,8 +40,8 @@ from edge_llm.api.protocol import (
     new_completion_id,
 )
 from edge_llm.api.sse import EventStreamResponse, encode_event
-from edge_llm.api.tools import ParsedToolCall, ToolCallParser, forced_call_grammar
-from edge_llm.chat_template import ChatTemplate, TemplateError
+from edge_llm.prompting.tools import ParsedToolCall, ToolCallParser, forced_call_grammar
+from edge_llm.prompting.chat_template import ChatTemplate, TemplateError
 from edge_llm.config import Settings
 from edge_llm.engine.channel import ReplyChannel
 from edge_llm.engine.types import (
@@ -56,7 +56,7 @@ from edge_llm.engine.types import (
 )
 from edge_llm.engine.worker import Engine
 from edge_llm.logs import current_request_id, new_request_id
-from edge_llm.prompt import PromptBuilder
+from edge_llm.prompting.prompt import PromptBuilder
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edge_llm.engine.types import FinishReason, Usage
-from edge_llm.metrics import Metrics
+from edge_llm.api.metrics import Metrics
 
 
 @dataclass(eq=False)

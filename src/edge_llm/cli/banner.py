@@ -10,8 +10,8 @@ import logging
 import shlex
 
 from edge_llm.config import Settings
-from edge_llm.gguf_info import human_bytes
-from edge_llm.preflight import model_facts
+from edge_llm.models.gguf_info import human_bytes
+from edge_llm.cli.preflight import model_facts
 
 logger = logging.getLogger("edge_llm.banner")
 

@@ -13,8 +13,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from edge_llm.config import Settings
-from edge_llm.gguf_info import GGUFInfoError, ModelFacts, human_bytes, read_model_facts
-from edge_llm.models import ModelFileError, check_model_file
+from edge_llm.models.gguf_info import GGUFInfoError, ModelFacts, human_bytes, read_model_facts
+from edge_llm.models.fetch import ModelFileError, check_model_file
 
 logger = logging.getLogger("edge_llm.preflight")
 

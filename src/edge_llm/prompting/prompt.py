@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from edge_llm.chat_template import ChatTemplate
+from edge_llm.prompting.chat_template import ChatTemplate
 
 
 class Tokenizer(Protocol):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from edge_llm import __version__
 from edge_llm.config import Settings, add_settings_arguments, settings_from_args
-from edge_llm.models import MODELS_DIR_ENV, default_model_path, models_dir
+from edge_llm.models.fetch import MODELS_DIR_ENV, default_model_path, models_dir
 
 logger = logging.getLogger("edge_llm.cli")
 
@@ -44,12 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     chat = commands.add_parser("chat", help="chat with a running server in the terminal (or one-shot with -p)",
                                description="Interactive terminal chat; /help inside lists the commands.")
-    from edge_llm.chat_cli import add_arguments as add_chat_arguments
+    from edge_llm.cli.chat import add_arguments as add_chat_arguments
 
     add_chat_arguments(chat)
     chat.set_defaults(handler=_chat)
 
-    # `edge-llm bench` parses its own flags (edge_llm.bench), so its imports stay out of `serve`.
+    # `edge-llm bench` parses its own flags (edge_llm.cli.bench), so its imports stay out of `serve`.
     bench = commands.add_parser("bench", help="load-test an OpenAI-compatible server (edge-llm bench --help)",
                                 add_help=False, prefix_chars="\0")
     bench.add_argument("bench_args", nargs="*")
@@ -58,13 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _chat(args: argparse.Namespace) -> int:
-    from edge_llm.chat_cli import main as chat_main
+    from edge_llm.cli.chat import main as chat_main
 
     return chat_main(args)
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from edge_llm.bench import main as bench_main
+    from edge_llm.cli.bench import main as bench_main
 
     return bench_main(args.bench_args)
 
@@ -86,13 +86,15 @@ def _fail(message: str) -> int:
 
 
 def _model_info(args: argparse.Namespace) -> int:
-    from edge_llm.gguf_info import run_info
+    from edge_llm.models.gguf_info import run_info
 
-    return run_info(args.path or default_model_path(), as_json=args.json, n_ctx=args.ctx)
+    defaults = Settings.model_fields
+    return run_info(args.path or default_model_path(), as_json=args.json, n_ctx=args.ctx,
+                    n_seq=defaults["parallel"].default + defaults["cache_slots"].default)
 
 
 def _fetch(args: argparse.Namespace) -> int:
-    from edge_llm.models import DEFAULT_MODEL, ModelFileError, fetch
+    from edge_llm.models.fetch import DEFAULT_MODEL, ModelFileError, fetch
 
     _configure_logging("info")
     bar = _ProgressBar("assembling " + DEFAULT_MODEL.filename)
@@ -144,7 +146,7 @@ def _serve(args: argparse.Namespace) -> int:
         first = exc.errors()[0]
         return _fail(f"invalid setting {'.'.join(map(str, first['loc']))}: {first['msg']}")
     _configure_logging(settings.log_level, settings.log_format)
-    from edge_llm.preflight import preflight
+    from edge_llm.cli.preflight import preflight
 
     problem = preflight(settings)  # model missing or not GGUF, port taken, not enough memory for the context
     if problem is not None:
@@ -171,7 +173,7 @@ def _run_server(settings: Settings) -> int:
         app = create_app(settings, engine)
     except ValueError as exc:
         return _fail(str(exc))
-    from edge_llm.banner import log_banner
+    from edge_llm.cli.banner import log_banner
 
     log_banner(settings)  # "serving ... on URL; loading the model", with quantization, memory, web chat, curl
     server = _graceful_server(app, settings)

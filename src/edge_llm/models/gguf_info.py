@@ -28,11 +28,8 @@ from typing import Any
 
 from gguf import GGML_QUANT_SIZES, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType, Keys, LlamaFileType
 
-from edge_llm.config import Settings
-
-# Defaults of `edge-llm serve`: micro-batch min(--batch-size, 512); --parallel + --cache-slots sequences.
+# `edge-llm serve`'s micro-batch: min(--batch-size, 512).
 DEFAULT_UBATCH = 512
-DEFAULT_SEQUENCES = Settings.model_fields["parallel"].default + Settings.model_fields["cache_slots"].default
 
 _SCALARS: dict[GGUFValueType, str] = {
     GGUFValueType.UINT8: "B", GGUFValueType.INT8: "b", GGUFValueType.UINT16: "H", GGUFValueType.INT16: "h",
@@ -114,13 +111,13 @@ class ModelFacts:
             return 0
         return self.block_count * self.head_count_kv * (self.key_length + self.value_length) * 2
 
-    def memory(self, n_ctx: int, n_ubatch: int = DEFAULT_UBATCH, n_seq: int = DEFAULT_SEQUENCES) -> MemoryEstimate:
+    def memory(self, n_ctx: int, *, n_seq: int, n_ubatch: int = DEFAULT_UBATCH) -> MemoryEstimate:
         vocab = self.vocab_size or 0
         compute = 4 * n_ubatch * (vocab + 2 * (self.embedding_length or 0)) + 4 * vocab * n_seq
         return MemoryEstimate(n_ctx, self.tensor_data_bytes, n_ctx * self.kv_bytes_per_token(), compute)
 
-    def to_dict(self, n_ctx: int) -> dict[str, Any]:
-        memory = self.memory(n_ctx)
+    def to_dict(self, n_ctx: int, *, n_seq: int) -> dict[str, Any]:
+        memory = self.memory(n_ctx, n_seq=n_seq)
         return {
             "path": str(self.path),
             "file_size": self.file_size,
@@ -143,7 +140,7 @@ class ModelFacts:
             "vocab_size": self.vocab_size,
             "has_chat_template": self.has_chat_template,
             "memory": {**asdict(memory), "total_bytes": memory.total_bytes,
-                       "n_ubatch": DEFAULT_UBATCH, "n_seq": DEFAULT_SEQUENCES},
+                       "n_ubatch": DEFAULT_UBATCH, "n_seq": n_seq},
         }
 
 
@@ -349,9 +346,9 @@ def human_count(n: int) -> str:
     return str(n)
 
 
-def describe(facts: ModelFacts, n_ctx: int) -> Iterator[str]:
+def describe(facts: ModelFacts, n_ctx: int, *, n_seq: int) -> Iterator[str]:
     """The lines `edge-llm model info` prints."""
-    memory = facts.memory(n_ctx)
+    memory = facts.memory(n_ctx, n_seq=n_seq)
     total = sum(facts.tensor_types.values()) or 1
     mix = ", ".join(f"{name} {count * 100 / total:.1f}%" for name, count in facts.tensor_types.items())
 
@@ -379,8 +376,9 @@ def describe(facts: ModelFacts, n_ctx: int) -> Iterator[str]:
                "quality drops past that")
 
 
-def run_info(path: Path, *, as_json: bool, n_ctx: int) -> int:
-    """`edge-llm model info`: the facts on stdout; one error line on stderr and exit code 1."""
+def run_info(path: Path, *, as_json: bool, n_ctx: int, n_seq: int) -> int:
+    """`edge-llm model info`: the facts on stdout; one error line on stderr and exit code 1. `n_seq`: the
+    sequences the server keeps logits for (its --parallel + --cache-slots)."""
     import json
     import sys
 
@@ -393,7 +391,7 @@ def run_info(path: Path, *, as_json: bool, n_ctx: int) -> int:
         sys.stderr.write(f"edge-llm: error: {exc}\n")
         return 1
     if as_json:
-        sys.stdout.write(json.dumps(facts.to_dict(n_ctx), indent=2) + "\n")
+        sys.stdout.write(json.dumps(facts.to_dict(n_ctx, n_seq=n_seq), indent=2) + "\n")
     else:
-        sys.stdout.write("\n".join(describe(facts, n_ctx)) + "\n")
+        sys.stdout.write("\n".join(describe(facts, n_ctx, n_seq=n_seq)) + "\n")
     return 0

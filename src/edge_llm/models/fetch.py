@@ -91,7 +91,7 @@ def check_model_file(path: Path) -> None:
     with path.open("rb") as file:
         if file.read(4) != GGUF_MAGIC:
             raise ModelFileError(f"not a GGUF model file (bad magic bytes): {path}")
-    from edge_llm.gguf_info import GGUFInfoError, read_model_facts
+    from edge_llm.models.gguf_info import GGUFInfoError, read_model_facts
 
     try:
         read_model_facts(path)  # the header walk: a corrupt header or a truncated file, before anything loads

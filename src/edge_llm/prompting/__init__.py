@@ -1,0 +1,1 @@
+"""From messages to prompt tokens: chat templates, prompt building, tool-call grammar and parsing."""
