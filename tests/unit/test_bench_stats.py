@@ -1,11 +1,15 @@
-"""The benchmark's measuring and statistics: pure functions, no server."""
+"""The load generator's measuring and statistics: pure functions, and one stream read from a mock server."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import io
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from edge_llm.cli.bench import (
@@ -20,26 +24,28 @@ from edge_llm.cli.bench import (
     models_url,
     parse_extra_body,
     parse_levels,
-    parse_sse_data,
     percentile,
     request_prompt,
+    stream_chat,
     stream_tokens_per_second,
     summarize_level,
 )
+from edge_llm.cli.progress import ProgressBar
 
 
-def content_line(text: str) -> str:
-    return "data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]})
+def content_data(text: str) -> str:
+    return json.dumps({"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]})
 
 
-def usage_line(completion_tokens: int) -> str:
-    return "data: " + json.dumps({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": completion_tokens}})
+def usage_data(completion_tokens: int) -> str:
+    return json.dumps({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": completion_tokens}})
 
 
-def record(lines: list[tuple[float, str]], started: float = 0.0, ended: float = 10.0) -> StreamResult:
+def record(events: list[tuple[float, str]], started: float = 0.0, ended: float = 10.0) -> StreamResult:
+    """Feeds (time, data of one event) pairs."""
     recorder = StreamRecorder(started)
-    for now, line in lines:
-        recorder.feed_line(line, now)
+    for now, data in events:
+        recorder.feed_data(data, now)
     return recorder.finish(ended)
 
 
@@ -77,13 +83,11 @@ def test_p95_interpolates_linearly_between_closest_ranks() -> None:
 
 def test_recorder_times_only_chunks_with_content() -> None:
     result = record([
-        (0.5, "data: " + json.dumps({"choices": [{"delta": {"role": "assistant", "content": ""}}]})),
-        (1.0, content_line("Hel")),
-        (1.2, ": keep-alive comment"),
-        (1.3, ""),
-        (1.5, content_line("lo")),
-        (1.6, "data: " + json.dumps({"choices": [{"delta": {}, "finish_reason": "length"}]})),
-        (1.7, "data: [DONE]"),
+        (0.5, json.dumps({"choices": [{"delta": {"role": "assistant", "content": ""}}]})),
+        (1.0, content_data("Hel")),
+        (1.5, content_data("lo")),
+        (1.6, json.dumps({"choices": [{"delta": {}, "finish_reason": "length"}]})),
+        (1.7, "[DONE]"),
     ])
     assert result.ok
     assert result.content_times == [1.0, 1.5]
@@ -93,28 +97,51 @@ def test_recorder_times_only_chunks_with_content() -> None:
 
 
 def test_recorder_prefers_the_usage_chunk_over_the_chunk_count() -> None:
-    result = record([(1.0, content_line("ab")), (2.0, content_line("cd")), (2.1, usage_line(4)), (2.2, "data: [DONE]")])
+    result = record([(1.0, content_data("ab")), (2.0, content_data("cd")), (2.1, usage_data(4)), (2.2, "[DONE]")])
     assert result.usage_tokens == 4
     assert result.completion_tokens == 4
 
 
 def test_recorder_records_an_error_event() -> None:
     error = {"error": {"message": "the request queue is full", "type": "server_error"}}
-    result = record([(1.0, "data: " + json.dumps(error)), (1.1, "data: [DONE]")])
+    result = record([(1.0, json.dumps(error)), (1.1, "[DONE]")])
     assert not result.ok
     assert result.error == "the request queue is full"
 
 
 def test_a_stream_without_done_is_an_error() -> None:
-    result = record([(1.0, content_line("a"))])
+    result = record([(1.0, content_data("a"))])
     assert result.error == "stream ended without [DONE]"
 
 
-def test_parse_sse_data_accepts_data_with_and_without_a_space() -> None:
-    assert parse_sse_data("data: x") == "x"
-    assert parse_sse_data("data:x") == "x"
-    assert parse_sse_data("event: done") is None
-    assert parse_sse_data("") is None
+def read_stream(*chunks: bytes, status: int = 200, content_type: str = "text/event-stream") -> StreamResult:
+    """stream_chat against a mock server that sends `chunks` (split anywhere, as a network may)."""
+    async def body() -> AsyncIterator[bytes]:
+        for chunk in chunks:
+            yield chunk
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, headers={"content-type": content_type}, content=body())
+
+    async def run() -> StreamResult:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            return await stream_chat(client, BenchConfig("http://bench.test"), "hi")
+
+    return asyncio.run(run())
+
+
+def test_a_stream_is_read_event_by_event_and_comments_are_ignored() -> None:
+    stream = (f": keep-alive\n\ndata: {content_data('a')}\n\n: keep-alive\n\ndata:{content_data('b')}\n\n"
+              f"data: {usage_data(2)}\n\ndata: [DONE]\n\n").encode()
+    result = read_stream(stream[:5], stream[5:50], stream[50:])
+    assert result.ok, result.error
+    assert len(result.content_times) == 2 and result.usage_tokens == 2
+
+
+def test_refusals_and_replies_that_are_not_streams_are_recorded_errors() -> None:
+    assert read_stream(b"busy", status=503, content_type="text/plain").error == "HTTP 503: busy"
+    assert (read_stream(b"{}", content_type="application/json").error or "").startswith("SSEError")
+    assert read_stream(b"data: {nope\n\ndata: [DONE]\n\n").error == "invalid JSON in stream: '{nope'"
 
 
 # ---- per-stream measures ----------------------------------------------------------------------
@@ -228,3 +255,33 @@ def test_request_prompts_cycle_and_are_made_unique_by_the_tag() -> None:
     tagged = [request_prompt(prompts, i, "c4") for i in range(4)]
     assert tagged == ["[c4-0] a", "[c4-1] b", "[c4-2] a", "[c4-3] b"]
     assert request_prompt(prompts, 0, "c1") != request_prompt(prompts, 0, "c4")
+
+
+# ---- the progress bar (edge_llm.cli.progress, shared with `edge-llm model fetch`) ----------------------
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_in_a_log_is_a_line_every_20_percent() -> None:
+    out = io.StringIO()
+    bar = ProgressBar("fetch", scale=1e6, unit=" MB", stream=out)
+    for done in range(0, 101_000_000, 1_000_000):
+        bar(done, 100_000_000)
+    bar.close()
+    lines = out.getvalue().splitlines()
+    assert [line.split(" ")[1] for line in lines] == ["0%", "20%", "40%", "60%", "80%", "100%"]
+    assert lines[-1].startswith("fetch: 100% 100/100 MB ") and "\r" not in out.getvalue()
+
+
+def test_progress_on_a_terminal_is_redrawn_and_ends_its_line_once() -> None:
+    out = Terminal()
+    bar = ProgressBar("  4 clients", width=10, stream=out)
+    for done in range(1, 5):
+        bar(done, 4)
+    bar.close()
+    text = out.getvalue()
+    assert text.count("\r") == 4 and text.endswith("\n") and text.count("\n") == 1
+    assert "\r  4 clients [##########] 100% 4/4 " in text

@@ -1,8 +1,14 @@
-"""edge-llm chat's pure parts: commands, request bodies, SSE framing, figures."""
+"""edge-llm chat's parts without a server: commands, request bodies, reading a stream (httpx-sse), figures."""
 
 from __future__ import annotations
 
-from edge_llm.cli.chat import Answer, Conversation, _sse_data, command
+import io
+import json
+
+import httpx
+import pytest
+
+from edge_llm.cli.chat import Answer, ChatClient, ChatError, Conversation, command
 
 
 def test_commands_change_the_conversation() -> None:
@@ -29,9 +35,38 @@ def test_commands_change_the_conversation() -> None:
     assert "/reset" in command(conversation, "/help")
 
 
-def test_sse_data_joins_multi_line_events() -> None:
-    lines = ["data: {\"a\": 1}", "", ": comment", "data: one", "data: two", "", "data: [DONE]", ""]
-    assert list(_sse_data(iter(lines))) == ['{"a": 1}', "one\ntwo", "[DONE]"]
+def client_answering(*chunks: bytes, content_type: str = "text/event-stream") -> ChatClient:
+    """A ChatClient whose server sends `chunks` (split anywhere, as a network may)."""
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": content_type}, content=iter(chunks))
+
+    client = ChatClient("http://chat.test", None)
+    client._client = httpx.Client(transport=httpx.MockTransport(handler))
+    return client
+
+
+def delta(text: str) -> str:
+    return "data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]})
+
+
+def test_the_stream_is_read_event_by_event_and_comments_are_ignored() -> None:
+    usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2,
+                                      "prompt_tokens_details": {"cached_tokens": 1}}}
+    stream = (f": keep-alive\n\n{delta('Hel')}\n\n: keep-alive\n\n{delta('lo')}\n\n"
+              f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n").encode()
+    answer, out = Answer(), io.StringIO()
+    client_answering(stream[:7], stream[7:40], stream[40:]).stream({}, answer, out)
+    assert out.getvalue() == answer.text == "Hello"
+    assert (answer.completion_tokens, answer.prompt_tokens, answer.cached_tokens) == (2, 3, 1)
+    assert answer.ended is not None
+
+
+def test_an_error_event_and_a_reply_that_is_not_a_stream_are_chat_errors() -> None:
+    error = b'data: {"error": {"message": "the engine stopped"}}\n\n'
+    with pytest.raises(ChatError, match="the engine stopped"):
+        client_answering(error).stream({}, Answer(), io.StringIO())
+    with pytest.raises(ChatError, match="did not answer with an event stream"):
+        client_answering(b"{}", content_type="application/json").stream({}, Answer(), io.StringIO())
 
 
 def test_figures() -> None:

@@ -23,15 +23,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import httpx
+from httpx_sse import EventSource
+
+from edge_llm.cli.progress import ProgressBar
 
 DEFAULT_PROMPTS: tuple[str, ...] = (
     "Write a Python function that checks whether a string is a palindrome, with a docstring.",
@@ -55,7 +57,7 @@ DEFAULT_PROMPTS: tuple[str, ...] = (
 ProgressCallback = Callable[[int, int], None]
 
 
-# ---- one stream: recording and parsing (pure) -------------------------------------------------
+# ---- one stream: recording (pure) -------------------------------------------------------------
 
 
 @dataclass
@@ -82,23 +84,21 @@ class StreamResult:
 
 
 class StreamRecorder:
-    """Feeds SSE lines of one chat-completions stream into a `StreamResult`."""
+    """Feeds the events of one chat-completions stream into a `StreamResult`."""
 
     def __init__(self, started: float) -> None:
         self.result = StreamResult(started=started)
         self.done = False
 
-    def feed_line(self, line: str, now: float) -> None:
-        payload = parse_sse_data(line)
-        if payload is None:
-            return
-        if payload == "[DONE]":
+    def feed_data(self, data: str, now: float) -> None:
+        """The data of one SSE event: a JSON chunk or `[DONE]`."""
+        if data == "[DONE]":
             self.done = True
             return
         try:
-            chunk = json.loads(payload)
+            chunk = json.loads(data)
         except json.JSONDecodeError:
-            self.result.error = f"invalid JSON in stream: {payload[:80]!r}"
+            self.result.error = f"invalid JSON in stream: {data[:80]!r}"
             return
         self.feed_chunk(chunk, now)
 
@@ -119,14 +119,6 @@ class StreamRecorder:
         if self.result.error is None and not self.done:
             self.result.error = "stream ended without [DONE]"
         return self.result
-
-
-def parse_sse_data(line: str) -> str | None:
-    """The value of a `data:` line, None for any other line (comments, event names, blanks)."""
-    if not line.startswith("data:"):
-        return None
-    value = line[5:]
-    return value[1:] if value.startswith(" ") else value
 
 
 def chunk_content(chunk: dict[str, Any]) -> str:
@@ -327,9 +319,9 @@ async def stream_chat(client: httpx.AsyncClient, config: BenchConfig, prompt: st
                 body = (await response.aread()).decode("utf-8", errors="replace")
                 recorder.result.error = f"HTTP {response.status_code}: {body[:200]}"
             else:
-                async for line in response.aiter_lines():
-                    recorder.feed_line(line, time.monotonic())
-    except httpx.HTTPError as exc:
+                async for event in EventSource(response).aiter_sse():
+                    recorder.feed_data(event.data, time.monotonic())
+    except httpx.HTTPError as exc:  # httpx_sse.SSEError (not an event stream) is one too
         recorder.result.error = f"{type(exc).__name__}: {exc}"
     return recorder.finish(time.monotonic())
 
@@ -402,25 +394,6 @@ async def run_benchmark(
 
 
 # ---- presentation --------------------------------------------------------------------------------
-
-
-class ProgressBar:
-    """A one-line progress bar on stderr."""
-
-    def __init__(self, label: str, stream: TextIO = sys.stderr, width: int = 30) -> None:
-        self.label = label
-        self.stream = stream
-        self.width = width
-        self.started = time.monotonic()
-
-    def __call__(self, done: int, total: int) -> None:
-        filled = self.width * done // max(total, 1)
-        elapsed = time.monotonic() - self.started
-        self.stream.write(f"\r{self.label} [{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} "
-                          f"{elapsed:5.1f}s")
-        if done >= total:
-            self.stream.write("\n")
-        self.stream.flush()
 
 
 def _ms(seconds: float | None) -> str:

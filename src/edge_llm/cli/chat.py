@@ -13,7 +13,6 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -131,16 +130,19 @@ class ChatClient:
         """Streams the answer's text to `out` as it arrives. KeyboardInterrupt leaves the `with`,
         which closes the connection: the server notices the disconnect and cancels the generation."""
         import httpx
+        from httpx_sse import EventSource, SSEError
 
         try:
             with self._client.stream("POST", self.url + "/v1/chat/completions", json=body) as response:
                 if response.status_code != 200:
                     response.read()
                     raise ChatError(_error_text(response))
-                for data in _sse_data(response.iter_lines()):
-                    if data == "[DONE]":
+                for event in EventSource(response).iter_sse():
+                    if event.data == "[DONE]":
                         break
-                    self._take(json.loads(data), answer, out)
+                    self._take(json.loads(event.data), answer, out)
+        except SSEError as exc:
+            raise ChatError(f"{self.url} did not answer with an event stream ({exc})") from None
         except httpx.TransportError as exc:
             raise ChatError(self._unreachable(exc)) from None
         answer.ended = time.monotonic()
@@ -179,19 +181,6 @@ class ChatClient:
 
     def _unreachable(self, exc: Exception) -> str:
         return f"cannot reach {self.url} ({type(exc).__name__}): is `edge-llm serve` running there?"
-
-
-def _sse_data(lines: Iterator[str]) -> Iterator[str]:
-    data: list[str] = []
-    for line in lines:
-        if line == "":
-            if data:
-                yield "\n".join(data)
-                data = []
-        elif line.startswith("data:"):
-            data.append(line[5:].removeprefix(" "))
-    if data:
-        yield "\n".join(data)
 
 
 def _error_text(response: httpx.Response) -> str:

@@ -94,12 +94,13 @@ def _model_info(args: argparse.Namespace) -> int:
 
 
 def _fetch(args: argparse.Namespace) -> int:
+    from edge_llm.cli.progress import ProgressBar
     from edge_llm.models.fetch import DEFAULT_MODEL, ModelFileError, fetch
 
     _configure_logging("info")
-    bar = _ProgressBar("assembling " + DEFAULT_MODEL.filename)
+    bar = ProgressBar("assembling " + DEFAULT_MODEL.filename, scale=1e6, unit=" MB")
     try:
-        path = fetch(DEFAULT_MODEL, args.dir or models_dir(), progress=bar.update)
+        path = fetch(DEFAULT_MODEL, args.dir or models_dir(), progress=bar)
     except ModelFileError as exc:
         return _fail(str(exc))
     finally:
@@ -107,34 +108,6 @@ def _fetch(args: argparse.Namespace) -> int:
     where = "" if path.absolute() == default_model_path() else f"; serve it with --model {path}"
     sys.stderr.write(f"model ready: {path} (sha256 verified{where})\n")
     return 0
-
-
-class _ProgressBar:
-    def __init__(self, label: str) -> None:
-        self.label = label
-        self._last = -1
-        self._shown = False
-
-    def update(self, done: int, total: int) -> None:
-        percent = done * 100 // max(total, 1)
-        if not sys.stderr.isatty():  # a log file, not a terminal: one line every 20%
-            if percent // 20 != self._last // 20 or self._last < 0:
-                self._last = percent
-                sys.stderr.write(f"{self.label}: {percent}% {done / 1e6:.0f}/{total / 1e6:.0f} MB\n")
-            return
-        if percent != self._last:
-            self._last = percent
-            self._shown = True
-            filled = percent // 4
-            sys.stderr.write(
-                f"\r{self.label} [{'#' * filled}{'.' * (25 - filled)}] {percent:3d}% "
-                f"{done / 1e6:.0f}/{total / 1e6:.0f} MB"
-            )
-            sys.stderr.flush()
-
-    def close(self) -> None:
-        if self._shown:
-            sys.stderr.write("\n")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -157,6 +130,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _run_server(settings: Settings) -> int:
     """Listens at once (/healthz 200, /readyz 503 "loading") while the engine thread loads the model."""
     from edge_llm.api.app import create_app
+    from edge_llm.engine.facade import EngineClient
     from edge_llm.engine.worker import Engine
 
     engine = Engine(
@@ -170,7 +144,7 @@ def _run_server(settings: Settings) -> int:
         keep_text=settings.log_prompts,
     )
     try:
-        app = create_app(settings, engine)
+        app = create_app(settings, EngineClient(engine))
     except ValueError as exc:
         return _fail(str(exc))
     from edge_llm.cli.banner import log_banner
