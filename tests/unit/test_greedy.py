@@ -119,7 +119,8 @@ def native_greedy(logits: RealLogits, index: int, bias: tuple[tuple[int, float],
             for i, (token, value) in enumerate(bias):
                 entries[i].token, entries[i].bias = token, value
             n_vocab = llama_cpp.llama_vocab_n_tokens(logits.vocab)
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(bias), entries))
+            bias_sampler = llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(bias), entries)
+            llama_cpp.llama_sampler_chain_add(chain, bias_sampler)
         llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
         return int(llama_cpp.llama_sampler_sample(chain, logits.context, index))
     finally:
