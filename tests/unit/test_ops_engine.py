@@ -14,9 +14,11 @@ import pytest
 from edge_llm.api.app import create_app
 from edge_llm.config import Settings
 from edge_llm.engine.channel import ReplyChannel
+from edge_llm.engine.facade import EngineClient
 from edge_llm.engine.scheduler import StepPlan
 from edge_llm.engine.types import (
     EngineEvent,
+    EngineStats,
     Failed,
     Finished,
     FinishReason,
@@ -25,7 +27,7 @@ from edge_llm.engine.types import (
     TextDelta,
     Usage,
 )
-from edge_llm.engine.worker import Engine, EngineStats
+from edge_llm.engine.worker import Engine
 
 
 class _Sampler:
@@ -304,7 +306,7 @@ class WatchedPool(ThreadPoolExecutor):
 
 def _app_with(runner: SlowRunner) -> tuple[Any, Engine]:
     engine = Engine(lambda: runner, n_ctx=4096, batch_size=64, parallel=2, cache_slots=0, queue_capacity=8)
-    app = create_app(Settings(), engine, on_fatal=lambda: None)
+    app = create_app(Settings(), EngineClient(engine), on_fatal=lambda: None)
     return app, engine
 
 
@@ -313,9 +315,9 @@ def test_the_model_is_freed_only_after_the_tokenizer_thread_is_done(ending: str)
     waited_for = threading.Event()
     runner = TokenizingRunner(waited_for)
     app, engine = _app_with(runner)
-    service = app.state.chat_service
-    service._tokenizer_pool.shutdown()
-    service._tokenizer_pool = WatchedPool(waited_for)
+    client = app.state.engine
+    client._tokenizer_pool.shutdown()
+    client._tokenizer_pool = WatchedPool(waited_for)
 
     async def run() -> httpx.Response:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
@@ -344,7 +346,7 @@ def test_tokenizer_work_after_the_pool_closed_gets_503() -> None:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
             async with app.router.lifespan_context(app):
                 assert await asyncio.to_thread(engine.wait_loaded, 5)
-                app.state.chat_service.close()  # as the app's shutdown does first; the engine still runs
+                app.state.engine._close_tokenizer()  # as EngineClient.close does first; the engine still runs
                 return await client.post("/tokenize", json={"content": "hello"})
 
     response = asyncio.run(run())

@@ -1,4 +1,5 @@
-"""The app factory: routes, error handlers, middleware, and a lifespan that runs the engine thread.
+"""The app factory: routes, error handlers, middleware, and a lifespan that runs the engine (through its
+facade, `EngineClient`: the API layer reaches the engine only through it).
 
 Middleware, outermost first: RequestContext (request id, access log, metrics, send timeout; outside
 even Starlette's error middleware) → HeaderLimit → HostGuard → CORS (with --cors-origins) →
@@ -29,11 +30,11 @@ from edge_llm.api.protocol import (
 )
 from edge_llm.api.routes import debug_router, router
 from edge_llm.api.security import ApiKeyAuth, HostGuard, load_api_keys, warn_if_exposed
-from edge_llm.api.serving import ChatService
+from edge_llm.api.serving import build_serving
 from edge_llm.api.telemetry import EngineTelemetry, RequestRecords
 from edge_llm.api.web import web_router
 from edge_llm.config import Settings
-from edge_llm.engine.worker import Engine
+from edge_llm.engine.facade import EngineClient
 from edge_llm.api.metrics import Metrics, ServerState
 
 logger = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ class EdgeApp(FastAPI):
 
 
 def create_app(
-    settings: Settings, engine: Engine, *, on_fatal: Callable[[], None] | None = None
+    settings: Settings, engine: EngineClient, *, on_fatal: Callable[[], None] | None = None
 ) -> FastAPI:
     """`on_fatal` runs on the event loop when the engine thread dies (default: drain briefly, then exit).
     Raises ValueError for an unusable API key file."""
@@ -67,7 +68,7 @@ def create_app(
     metrics = Metrics()
     records = RequestRecords()
     lifecycle = Lifecycle(engine, settings.drain_timeout)
-    engine.observer = EngineTelemetry(metrics, records)
+    engine.set_observer(EngineTelemetry(metrics, records))
     metrics.watch(engine.stats, lambda: ServerState(engine.alive, lifecycle.readiness()[0], lifecycle.draining,
                                                     lifecycle.in_flight))
 
@@ -85,16 +86,14 @@ def create_app(
                 logger.error("edge-llm: %s", _one_line(error))
                 loop.call_soon_threadsafe(on_fatal or fatal)
 
-        engine.set_exit_handler(engine_exited)
+        engine.on_exit(engine_exited)
         engine.start()
         warn_if_exposed(settings, api_keys)
         try:
             yield
         finally:
-            # The tokenizer thread reads the model, so it ends before the engine thread frees it (the
-            # engine runs the same close itself when it ends another way: a drain, a crash).
-            await asyncio.to_thread(app.state.chat_service.close)
-            await asyncio.to_thread(engine.stop)
+            # The tokenizer thread, then the engine thread (which frees the model): see EngineClient.close.
+            await asyncio.to_thread(engine.close)
 
     app = EdgeApp(title="Edge LLM Engine", version=__version__, lifespan=lifespan)
     app.state.settings = settings
@@ -102,7 +101,7 @@ def create_app(
     app.state.metrics = metrics
     app.state.records = records
     app.state.lifecycle = lifecycle
-    app.state.chat_service = ChatService(settings, engine)
+    app.state.serving = build_serving(settings, engine)  # endpoint family → its serving object
     app.include_router(router)
     app.include_router(web_router)  # the web chat at / (no API key needed for the page itself)
     if settings.test_hooks:

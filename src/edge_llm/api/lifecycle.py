@@ -14,7 +14,7 @@ import os
 import signal
 from collections.abc import Callable
 
-from edge_llm.engine.worker import Engine
+from edge_llm.engine.facade import EngineClient
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ def _terminate_process() -> None:
 
 
 class Lifecycle:
-    def __init__(self, engine: Engine, drain_timeout: float) -> None:
+    def __init__(self, engine: EngineClient, drain_timeout: float) -> None:
         self.engine = engine
         self.drain_timeout = drain_timeout
         self.draining = False
@@ -40,18 +40,9 @@ class Lifecycle:
     # ---- readiness ------------------------------------------------------------------------
 
     def readiness(self) -> tuple[bool, str]:
-        engine = self.engine
         if self.draining:
             return False, "draining"
-        if engine.runner is None:
-            return (False, "loading") if engine.alive else (False, "engine_dead")
-        if not engine.alive:
-            return False, "engine_dead"
-        if not engine.ready:
-            return False, "stopped"
-        if engine.stats().waiting >= engine.queue_capacity:
-            return False, "queue_full"
-        return True, "ready"
+        return self.engine.readiness()
 
     # ---- shutdown (event loop only) ----------------------------------------------------------
 
@@ -74,7 +65,7 @@ class Lifecycle:
         await self._wait_idle(loop.time() + timeout)
         if self.in_flight > 0:
             logger.warning("drain time over: cancelling %d requests", self.in_flight)
-        await asyncio.to_thread(self.engine.stop)  # ends anything left with a `shutting_down` error event
+        await asyncio.to_thread(self.engine.close)  # ends anything left with a `shutting_down` error event
         await self._wait_idle(loop.time() + _AFTER_CANCEL_GRACE)
         logger.info("drained; exiting")
         self.request_exit()

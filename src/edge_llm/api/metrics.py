@@ -13,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from edge_llm.engine.worker import EngineStats
+from edge_llm.engine.types import EngineStats
 
 # Why a request was refused before (or instead of) generating.
 REJECTION_REASONS = (

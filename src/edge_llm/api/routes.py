@@ -1,8 +1,9 @@
-"""Routes: thin, they only dispatch to the serving layer reached through app.state."""
+"""Routes: thin, they only dispatch to the endpoint family's serving object (app.state.serving) or read the
+engine facade (app.state.engine)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -15,9 +16,12 @@ from edge_llm.api.protocol import (
     ModelCard,
     ModelList,
 )
-from edge_llm.api.serving import ChatService
+from edge_llm.api.serving import ChatServing, CompletionServing, ModelServing, Serving, TokenizationServing
+from edge_llm.engine.facade import EngineClient
 
 router = APIRouter()
+
+Family = TypeVar("Family", bound=Serving)
 
 _ERRORS = {status: {"model": ErrorResponse} for status in (400, 404, 413, 503)}
 
@@ -29,8 +33,12 @@ def _json_body(*models: str) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
-def _service(request: Request) -> ChatService:
-    return request.app.state.chat_service
+def _serving(request: Request, family: type[Family]) -> Family:
+    return cast(Family, request.app.state.serving[family])
+
+
+def _engine(request: Request) -> EngineClient:
+    return cast(EngineClient, request.app.state.engine)
 
 
 @router.post(
@@ -41,7 +49,7 @@ def _service(request: Request) -> ChatService:
     summary="Chat completion (OpenAI body) or plain-text SSE stream (simple `prompt` body)",
 )
 async def chat_completions(request: Request) -> Response:
-    return await _service(request).chat_completions(request)
+    return await _serving(request, ChatServing).chat_completions(request)
 
 
 @router.post(
@@ -52,7 +60,7 @@ async def chat_completions(request: Request) -> Response:
     summary="Legacy text completion: the prompt is raw text (no chat template)",
 )
 async def completions(request: Request) -> Response:
-    return await _service(request).completions(request)
+    return await _serving(request, CompletionServing).completions(request)
 
 
 @router.post(
@@ -62,7 +70,7 @@ async def completions(request: Request) -> Response:
     summary="Text → token ids with the loaded model's vocabulary",
 )
 async def tokenize(request: Request) -> Response:
-    return await _service(request).tokenize(request)
+    return await _serving(request, TokenizationServing).tokenize(request)
 
 
 @router.post(
@@ -72,27 +80,25 @@ async def tokenize(request: Request) -> Response:
     summary="Token ids → text",
 )
 async def detokenize(request: Request) -> Response:
-    return await _service(request).detokenize(request)
+    return await _serving(request, TokenizationServing).detokenize(request)
 
 
 @router.get("/v1/models", response_model=ModelList)
 async def list_models(request: Request) -> ModelList:
-    return _service(request).list_models()
+    return _serving(request, ModelServing).list_models()
 
 
 @router.get("/v1/models/{model_id:path}", response_model=ModelCard, responses={404: {"model": ErrorResponse}})
 async def get_model(model_id: str, request: Request) -> ModelCard:
-    service = _service(request)
-    service.check_model(model_id)
-    return service.list_models().data[0]
+    return _serving(request, ModelServing).get_model(model_id)
 
 
 @router.get("/healthz", summary="Liveness: 200 while the process and the engine thread are alive")
 async def healthz(request: Request) -> JSONResponse:
-    engine = request.app.state.engine
+    engine = _engine(request)
     if engine.alive:
-        return JSONResponse({"status": "ok", "model_loaded": engine.runner is not None})
-    return JSONResponse({"status": "engine_dead" if engine.failure else "stopped"}, status_code=503)
+        return JSONResponse({"status": "ok", "model_loaded": engine.loaded})
+    return JSONResponse({"status": "engine_dead" if engine.failed else "stopped"}, status_code=503)
 
 
 @router.get("/readyz", summary="Readiness: 200 when loaded and accepting work, else 503 with the reason")
@@ -113,7 +119,7 @@ debug_router = APIRouter(include_in_schema=False)
 
 @debug_router.post("/debug/kill-engine")
 async def kill_engine(request: Request) -> JSONResponse:
-    request.app.state.engine.kill_for_test()
+    _engine(request).kill_for_test()
     return JSONResponse({"status": "killing the engine thread"}, status_code=202)
 
 

@@ -1,10 +1,13 @@
-"""Server-Sent Events: framing, and a streaming response that notices a client leaving without polling."""
+"""Server-Sent Events: the server's one framer (`encode_event`, `encode_json_event`, `DONE`), and a streaming
+response that notices a client leaving without polling."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import anyio
 from starlette.responses import StreamingResponse
@@ -22,9 +25,19 @@ def encode_event(data: str, event: str | None = None) -> bytes:
     """One SSE event. Each line of `data` becomes its own `data:` field, so an EventSource client
     rejoins them with "\\n" and gets the text back exactly (a bare "\\r" comes back as "\\n":
     SSE has no way to carry it)."""
-    lines = [f"event: {event}"] if event else []
-    lines.extend("data: " + line for line in _LINE_BREAK.split(data))
-    return ("\n".join(lines) + "\n\n").encode("utf-8")
+    if "\n" in data or "\r" in data:
+        body = "\n".join("data: " + line for line in _LINE_BREAK.split(data))
+    else:  # one line (every JSON event): the common case, once per streamed token
+        body = "data: " + data
+    return (f"event: {event}\n{body}\n\n" if event else body + "\n\n").encode("utf-8")
+
+
+def encode_json_event(payload: dict[str, Any], event: str | None = None) -> bytes:
+    """One SSE event whose data is `payload` as JSON on one line (text beyond ASCII stays UTF-8)."""
+    return encode_event(json.dumps(payload, ensure_ascii=False), event)
+
+
+DONE = encode_event("[DONE]")  # the end of an OpenAI stream
 
 
 def decode_events(stream: str) -> list[tuple[str, str]]:

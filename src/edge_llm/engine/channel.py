@@ -32,6 +32,15 @@ class ReplyChannel:
         self._queue: asyncio.Queue[tuple[int, EngineEvent]] = asyncio.Queue()
         self.choices = choices
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop that reads this channel: events are handed to it (see `Outbox`)."""
+        return self._loop
+
+    def put(self, index: int, event: EngineEvent) -> None:
+        """Queues choice `index`'s event. Event loop only (the `Outbox` calls it there)."""
+        self._queue.put_nowait((index, event))
+
     def sender(self, index: int) -> ChoiceSender:
         return ChoiceSender(self, index)
 
@@ -80,7 +89,7 @@ class Outbox:
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[ReplyChannel, int, EngineEvent]]] = {}
         for sender, event in pending:
             channel, index = sender.route()
-            by_loop.setdefault(channel._loop, []).append((channel, index, event))
+            by_loop.setdefault(channel.loop, []).append((channel, index, event))
         for loop, items in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_deliver, items)
@@ -90,4 +99,4 @@ class Outbox:
 
 def _deliver(items: list[tuple[ReplyChannel, int, EngineEvent]]) -> None:
     for channel, index, event in items:
-        channel._queue.put_nowait((index, event))
+        channel.put(index, event)

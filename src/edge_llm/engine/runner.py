@@ -20,7 +20,7 @@ from llama_cpp.llama_grammar import json_schema_to_gbnf
 from edge_llm.engine.grammar import GrammarError, check_grammar_limits, check_schema_limits
 from edge_llm.engine.greedy import GreedyPicker
 from edge_llm.engine.scheduler import KvCopy, KvOp, KvRemove, StepPlan
-from edge_llm.engine.types import OutOfCellsError, SamplingExhausted, SamplingParams, TokenLogprob
+from edge_llm.engine.types import ModelInfo, OutOfCellsError, SamplingExhausted, SamplingParams, TokenLogprob
 
 logger = logging.getLogger(__name__)
 _llama_logger = logging.getLogger("edge_llm.llama_cpp")
@@ -62,22 +62,6 @@ class DecodeError(RuntimeError):
     def __init__(self, code: int) -> None:
         super().__init__(f"llama_decode failed with code {code}")
         self.code = code
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    path: Path
-    description: str
-    n_params: int
-    size_bytes: int
-    n_ctx_train: int
-    n_vocab: int
-    chat_template: str | None
-    bos_text: str
-    eos_text: str
-    add_bos: bool
-    bos_token: int | None  # the BOS token to put first, None when the model adds none
-    metadata: dict[str, str]
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 class FinishReason(str, enum.Enum):
@@ -51,6 +52,35 @@ class Usage:
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Facts about the loaded model, read once when it is loaded."""
+
+    path: Path
+    description: str
+    n_params: int
+    size_bytes: int
+    n_ctx_train: int
+    n_vocab: int
+    chat_template: str | None
+    bos_text: str
+    eos_text: str
+    add_bos: bool
+    bos_token: int | None  # the BOS token to put first, None when the model adds none
+    metadata: dict[str, str]
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of the engine's load, read from any thread."""
+
+    waiting: int
+    running: int
+    cached_sequences: int
+    kv_cells_reserved: int  # -1 when the prefix cache kept changing while it was summed
+    kv_cells_total: int
 
 
 # What flows back on a request's reply channel, in order: TextDelta*, then Finished or Failed.

@@ -20,6 +20,7 @@ from edge_llm.engine.hooks import EngineObserver
 from edge_llm.engine.scheduler import KvOp, Phase, RequestTooLargeError, Scheduler, Sequence, StepPlan
 from edge_llm.engine.text import OutputText
 from edge_llm.engine.types import (
+    EngineStats,
     EngineUnavailableError,
     Failed,
     Finished,
@@ -67,15 +68,6 @@ class _Active:
     deadline: float = float("inf")
     text_parts: list[str] | None = None  # the output, kept only for --log-prompts
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)  # tokens whose text is held back
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    waiting: int
-    running: int
-    cached_sequences: int
-    kv_cells_reserved: int
-    kv_cells_total: int
 
 
 class Engine:

@@ -1,0 +1,361 @@
+"""What every endpoint family shares: body reading, the model check, work in the tokenizer thread, prompt
+fitting, and a request's life in the engine (submit, collect, stream, cancel) with its headers and errors.
+
+An endpoint family (chat, completions, tokenization, models, …) is one module with one `Serving` subclass;
+the usage and response helpers at the end are the OpenAI shapes that chat and completions both answer with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from edge_llm.api.errors import APIError, from_engine_error, from_pydantic, invalid_request
+from edge_llm.api.limits import cap_max_tokens, check_prompt_tokens
+from edge_llm.api.protocol import ErrorResponse, PromptTokensDetails, SamplingDefaults, UsageInfo
+from edge_llm.api.sse import DONE, EventStreamResponse, encode_json_event
+from edge_llm.config import Settings
+from edge_llm.engine.facade import EngineClient, ReplyChannel
+from edge_llm.engine.types import (
+    EngineError,
+    EngineUnavailableError,
+    Failed,
+    Finished,
+    GenerationRequest,
+    SamplingParams,
+    TextDelta,
+    TokenLogprob,
+    Usage,
+)
+from edge_llm.logs import current_request_id, new_request_id
+from edge_llm.prompting.chat_template import TemplateError
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+BodyModel = TypeVar("BodyModel", bound=BaseModel)
+
+# What may decode to a lone surrogate: a \ud800-\udfff escape, or its UTF-8-style bytes (json.loads decodes
+# bytes with "surrogatepass"). A body with either is checked.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+
+
+@dataclass
+class ChoiceResult:
+    """One choice of a non-streamed answer, collected."""
+
+    text: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finished: Finished | None = None
+
+
+@dataclass
+class Generation:
+    """One HTTP request's work in the engine: a GenerationRequest per choice, one reply channel."""
+
+    requests: list[GenerationRequest]
+    channel: ReplyChannel
+    prompt_lengths: list[int]  # per distinct prompt
+    prompt_of_choice: list[int]  # choice index → prompt index
+
+    @property
+    def request_id(self) -> str:
+        return self.requests[0].request_id.split("/")[0]
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.requests[0].logprobs is not None
+
+
+class Serving:
+    """The base of every endpoint family: the settings, the engine facade and the steps they all take."""
+
+    def __init__(self, settings: Settings, engine: EngineClient) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.defaults = SamplingDefaults(
+            temperature=settings.default_temperature,
+            top_p=settings.default_top_p,
+            top_k=settings.default_top_k,
+            max_tokens=settings.default_max_tokens,
+        )
+        self.model_id = settings.model_name
+
+    # ---- the model a request names ---------------------------------------------------------------
+
+    @property
+    def model_names(self) -> set[str]:
+        names = {self.model_id, self.settings.model.name}
+        if self.settings.model_alias:
+            names.add(self.settings.model_alias)
+        return names
+
+    def check_model(self, name: str | None) -> None:
+        if name and name not in self.model_names:
+            raise APIError(
+                404,
+                f"The model '{name}' does not exist; this server serves '{self.model_id}'",
+                code="model_not_found",
+                param="model",
+            )
+
+    # ---- the body --------------------------------------------------------------------------------
+
+    async def json_body(self, request: Request) -> dict[str, Any]:
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+            # A lone surrogate ("\ud800") decodes to a str that is not Unicode text: it would fail
+            # later, when an answer or an error message quoting it is encoded (a 500). Refused here.
+            if _SURROGATE_ESCAPE.search(raw) or b"\x00" in raw[:4]:  # (a UTF-16/32 body: always checked)
+                json.dumps(body, ensure_ascii=False).encode("utf-8")
+        except RecursionError:
+            raise APIError(400, "The request body is nested too deeply", code="invalid_json") from None
+        except UnicodeEncodeError:
+            raise APIError(400, "The request body contains a lone UTF-16 surrogate (a \\ud800-\\udfff escape "
+                           "without its pair), which is not Unicode text", code="invalid_json") from None
+        except ValueError as exc:  # not JSON, not UTF-8, or an integer of more than 4300 digits
+            raise APIError(400, f"The request body is not valid JSON: {exc}", code="invalid_json") from None
+        if not isinstance(body, dict):
+            raise APIError(400, "The request body must be a JSON object", code="invalid_json")
+        return body
+
+    @staticmethod
+    def parse(model: type[BodyModel], body: dict[str, Any]) -> BodyModel:
+        try:
+            return model.model_validate(body)
+        except ValidationError as exc:
+            raise from_pydantic(exc) from None
+        except RecursionError:
+            raise APIError(400, "The request body is nested too deeply", code="invalid_json") from None
+
+    async def read(self, request: Request, model: type[BodyModel]) -> BodyModel:
+        """The body parsed as `model`, and the model it names checked."""
+        body = self.parse(model, await self.json_body(request))
+        self.check_model(getattr(body, "model", None))
+        return body
+
+    # ---- the vocabulary --------------------------------------------------------------------------
+
+    async def off_loop(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Runs in the tokenizer thread: vocabulary, template and grammar work never blocks the event loop."""
+        try:
+            return await self.engine.in_tokenizer_thread(function, *args, **kwargs)
+        except EngineUnavailableError as exc:
+            raise engine_unavailable(exc) from None
+        except TemplateError as exc:
+            raise from_engine_error(exc) from None
+
+    def check_logit_bias(self, logit_bias: dict[str, float] | None) -> None:
+        try:
+            for key in logit_bias or {}:
+                if not self.engine.is_valid_token(int(key)):
+                    raise invalid_request(
+                        f"logit_bias names token id {key}, outside the vocabulary (0..{self.engine.n_vocab - 1})",
+                        param="logit_bias",
+                    )
+        except EngineUnavailableError as exc:
+            raise engine_unavailable(exc) from None
+
+    # ---- prompts in the context ------------------------------------------------------------------
+
+    @property
+    def context_limit(self) -> int:
+        info = self.engine.model_info
+        train = info.n_ctx_train if info is not None and info.n_ctx_train > 0 else None
+        return min(self.settings.ctx_size, train) if train else self.settings.ctx_size
+
+    def fit(self, prompt: list[int], max_tokens: int) -> int:
+        """The max_tokens a prompt gets: refused when it leaves no room, capped to what fits."""
+        check_prompt_tokens(self.settings, len(prompt))
+        limit = self.context_limit
+        if len(prompt) >= limit:
+            raise invalid_request(
+                f"This model's maximum context length is {limit} tokens; the prompt has {len(prompt)} tokens "
+                "and leaves no room to generate",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        # Beyond what fits, max_tokens is capped; the answer then ends with finish_reason "length".
+        return min(cap_max_tokens(self.settings, max_tokens), limit - len(prompt))
+
+    # ---- a request's life in the engine ------------------------------------------------------------
+
+    def start(
+        self,
+        prompts: list[list[int]],
+        *,
+        n: int,
+        max_tokens: int,
+        sampling: Callable[[int], SamplingParams],
+        stop: tuple[str, ...],
+        logprobs: int | None,
+    ) -> Generation:
+        """Submits one engine request per choice; choices of one prompt share its prefill (see scheduler)."""
+        request_id = current_request_id() or new_request_id()  # the middleware's id
+        budgets = [self.fit(prompt, max_tokens) for prompt in prompts]
+        choices = len(prompts) * n
+        requests = [
+            GenerationRequest(
+                request_id=request_id if choices == 1 else f"{request_id}/{choice}",
+                prompt_tokens=prompts[choice // n],
+                max_tokens=budgets[choice // n],
+                sampling=sampling(choice % n),
+                stop=stop,
+                logprobs=logprobs,
+            )
+            for choice in range(choices)
+        ]
+        try:
+            channel = self.engine.submit(requests)
+        except EngineError as exc:
+            raise from_engine_error(exc) from None
+        return Generation(requests, channel, [len(p) for p in prompts], [i // n for i in range(choices)])
+
+    def abort(self, generation: Generation) -> None:
+        for engine_request in generation.requests:
+            self.engine.abort(engine_request.request_id)  # a no-op for those already finished
+
+    @staticmethod
+    def headers(generation: Generation) -> dict[str, str]:
+        return {"x-request-id": generation.request_id}
+
+    def stream(self, generation: Generation, events: AsyncIterator[bytes]) -> EventStreamResponse:
+        """An SSE response of `events`; the generation is aborted when it ends early (a disconnect, an error)."""
+
+        async def guarded() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in events:
+                    yield chunk
+            finally:
+                self.abort(generation)
+
+        return EventStreamResponse(
+            guarded(),
+            headers=self.headers(generation),
+            on_disconnect=lambda: self.abort(generation),
+            keepalive_interval=self.settings.sse_keepalive,
+        )
+
+    async def collect(self, request: Request, generation: Generation) -> list[ChoiceResult]:
+        """Every choice's whole answer; the generation is aborted when the client leaves first."""
+
+        async def gather() -> list[ChoiceResult]:
+            results = [ChoiceResult() for _ in generation.requests]
+            parts: list[list[str]] = [[] for _ in generation.requests]
+            async for index, event in generation.channel.choice_events():
+                if isinstance(event, TextDelta):
+                    parts[index].append(event.text)
+                    results[index].logprobs.extend(event.logprobs)
+                elif isinstance(event, Finished):
+                    results[index].finished = event
+                    results[index].text = "".join(parts[index])
+                elif isinstance(event, Failed):
+                    self.abort(generation)
+                    raise failure_error(event)
+            return results
+
+        result = asyncio.ensure_future(gather())
+        watcher = asyncio.ensure_future(_until_disconnected(request))
+        try:
+            await asyncio.wait({result, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+            if not result.done():
+                self.abort(generation)
+                result.cancel()
+        if not result.done():
+            # The client left: nobody reads this answer, but it ends the request as handled (access status
+            # 499) instead of as an exception that uvicorn logs with a traceback.
+            raise APIError(499, "The client closed the connection before the answer",
+                           code="client_closed_request", error_type="invalid_request_error")
+        return result.result()
+
+    # ---- the OpenAI answer shapes (chat and completions) ---------------------------------------------
+
+    def response_body(self, completion_id: str, kind: str, choices: list[dict[str, Any]],
+                      generation: Generation, finished: list[Finished | None]) -> dict[str, Any]:
+        """A non-streamed answer: choices, summed usage and the extra `timings`."""
+        return {
+            "id": completion_id,
+            "object": kind,
+            "created": int(time.time()),
+            "model": self.model_id,
+            "choices": choices,
+            "usage": usage_info(total_usage(generation, finished)).model_dump(),
+            "system_fingerprint": None,
+            "timings": merged_timings(finished),
+        }
+
+    def stream_end(self, generation: Generation, finished: list[Finished | None], include_usage: bool,
+                   header: dict[str, Any]) -> bytes:
+        """The usage chunk (empty choices; only when asked for), then the end marker."""
+        if not include_usage:
+            return DONE
+        usage = usage_info(total_usage(generation, finished)).model_dump()
+        return encode_json_event({**header, "model": self.model_id, "choices": [], "usage": usage}) + DONE
+
+
+def usage_info(usage: Usage) -> UsageInfo:
+    return UsageInfo(
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        total_tokens=usage.total_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=usage.cached_tokens),
+    )
+
+
+def total_usage(generation: Generation, finished: list[Finished | None]) -> Usage:
+    """Each distinct prompt counts once, however many choices it had."""
+    first_choice_of_prompt: dict[int, Finished] = {}
+    for choice, done in enumerate(finished):
+        if done is not None:
+            first_choice_of_prompt.setdefault(generation.prompt_of_choice[choice], done)
+    return Usage(
+        prompt_tokens=sum(generation.prompt_lengths),
+        completion_tokens=sum(done.usage.completion_tokens for done in finished if done is not None),
+        cached_tokens=sum(done.usage.cached_tokens for done in first_choice_of_prompt.values()),
+    )
+
+
+def merged_timings(finished: list[Finished | None]) -> dict[str, float]:
+    done = [f for f in finished if f is not None]
+    if not done:
+        return {}
+    return {key: max(f.timings.get(key, 0.0) for f in done) for key in done[0].timings}
+
+
+def failure_error(failed: Failed) -> APIError:
+    if failed.code == "context_length_exceeded":
+        return invalid_request(failed.message, param="messages", code=failed.code)
+    if failed.code == "invalid_request":
+        return invalid_request(failed.message, code=failed.code)
+    return APIError(503, failed.message, code=failed.code)
+
+
+def error_body(failed: Failed) -> dict[str, Any]:
+    """The error envelope of a request that failed after its answer began (an SSE error event)."""
+    return ErrorResponse(error=failure_error(failed).detail()).model_dump()
+
+
+def piece_text(piece: bytes) -> str:
+    return piece.decode("utf-8", errors="replace")
+
+
+def engine_unavailable(exc: EngineUnavailableError) -> APIError:
+    """503 for vocabulary work while the model is not loaded or the engine is stopping."""
+    return APIError(503, str(exc), code="engine_unavailable", headers={"Retry-After": "2"})
+
+
+async def _until_disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

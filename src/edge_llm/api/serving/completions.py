@@ -1,0 +1,112 @@
+"""POST /v1/completions, OpenAI's legacy text completion: the prompt is raw text (no chat template), one or
+several prompts, `echo`, and the legacy logprobs shape."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from edge_llm.api.protocol import CompletionRequest, new_completion_id
+from edge_llm.api.serving.base import ChoiceResult, Generation, Serving, error_body, piece_text
+from edge_llm.api.sse import encode_json_event
+from edge_llm.engine.types import Failed, Finished, TextDelta, TokenLogprob
+
+logger = logging.getLogger(__name__)
+
+
+class CompletionServing(Serving):
+    async def completions(self, request: Request) -> Response:
+        completion = await self.read(request, CompletionRequest)
+        self.check_logit_bias(completion.logit_bias)
+        prompts = [await self.off_loop(self._tokenize_raw, text) for text in completion.prompts]
+        generation = self.start(
+            prompts,
+            n=completion.n,
+            max_tokens=completion.requested_max_tokens(self.defaults),
+            sampling=lambda choice: completion.sampling_params(self.defaults, choice),
+            stop=completion.stop_strings(),
+            logprobs=completion.logprobs,
+        )
+        echo = [text if completion.echo else "" for text in completion.prompts]
+        if completion.stream:
+            return self.stream(generation, self._completion_chunks(generation, echo, completion.include_usage))
+        results = await self.collect(request, generation)
+        return JSONResponse(self._completion_body(generation, results, echo), headers=self.headers(generation))
+
+    def _tokenize_raw(self, text: str) -> list[int]:
+        """The prompt as the model's text, control tokens included (runs in the tokenizer thread)."""
+        return self.engine.tokenize(text, add_special=True, parse_special=True)
+
+    def _completion_body(self, generation: Generation, results: list[ChoiceResult], echo: list[str]
+                         ) -> dict[str, Any]:
+        choices = []
+        for index, result in enumerate(results):
+            assert result.finished is not None
+            prefix = echo[generation.prompt_of_choice[index]]
+            choices.append({
+                "index": index,
+                "text": prefix + result.text,
+                "logprobs": completion_logprobs(result.logprobs, len(prefix)) if generation.wants_logprobs else None,
+                "finish_reason": result.finished.reason.value,
+            })
+        finished = [r.finished for r in results]
+        return self.response_body(_completion_id(), "text_completion", choices, generation, finished)
+
+    async def _completion_chunks(self, generation: Generation, echo: list[str], include_usage: bool
+                                 ) -> AsyncIterator[bytes]:
+        completion_id = _completion_id()
+        created = int(time.time())
+        want_logprobs = generation.wants_logprobs
+        offsets = [len(echo[generation.prompt_of_choice[i]]) for i in range(len(generation.requests))]
+        finished: list[Finished | None] = [None] * len(generation.requests)
+
+        def chunk(index: int, text: str, finish_reason: str | None = None,
+                  logprobs: list[TokenLogprob] | None = None, **extra: Any) -> bytes:
+            return encode_json_event({
+                "id": completion_id, "object": "text_completion", "created": created, "model": self.model_id,
+                "choices": [{"index": index, "text": text,
+                             "logprobs": completion_logprobs(logprobs or [], offsets[index]) if want_logprobs
+                             else None,
+                             "finish_reason": finish_reason}],
+                **extra,
+            })
+
+        for index in range(len(generation.requests)):
+            prefix = echo[generation.prompt_of_choice[index]]
+            if prefix:
+                yield chunk(index, prefix)
+        async for index, event in generation.channel.choice_events():
+            if isinstance(event, TextDelta):
+                yield chunk(index, event.text, logprobs=list(event.logprobs))
+                offsets[index] += len(event.text)
+            elif isinstance(event, Finished):
+                finished[index] = event
+                yield chunk(index, "", event.reason.value, timings=event.timings)
+            elif isinstance(event, Failed):
+                yield encode_json_event(error_body(event))
+        yield self.stream_end(generation, finished, include_usage,
+                              {"id": completion_id, "object": "text_completion", "created": created})
+
+
+def completion_logprobs(entries: list[TokenLogprob], text_offset: int) -> dict[str, Any]:
+    """The legacy completions shape: parallel lists of tokens, logprobs, top maps and text offsets."""
+    offsets: list[int] = []
+    position = text_offset
+    for entry in entries:
+        offsets.append(position)
+        position += len(piece_text(entry.piece))
+    return {
+        "tokens": [piece_text(entry.piece) for entry in entries],
+        "token_logprobs": [entry.logprob for entry in entries],
+        "top_logprobs": [{piece_text(piece): logprob for _, piece, logprob in entry.top} for entry in entries],
+        "text_offset": offsets,
+    }
+
+
+def _completion_id() -> str:
+    return "cmpl-" + new_completion_id().removeprefix("chatcmpl-")

@@ -1,0 +1,38 @@
+"""POST /tokenize and /detokenize: text ↔ token ids with the loaded model's vocabulary (llama.cpp server's
+endpoints)."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from edge_llm.api.errors import invalid_request
+from edge_llm.api.protocol import DetokenizeRequest, TokenizeRequest
+from edge_llm.api.serving.base import Serving, engine_unavailable
+from edge_llm.engine.types import EngineUnavailableError
+
+logger = logging.getLogger(__name__)
+
+
+class TokenizationServing(Serving):
+    async def tokenize(self, request: Request) -> JSONResponse:
+        body = await self.read(request, TokenizeRequest)
+        tokens = await self.off_loop(
+            self.engine.tokenize, body.content, add_special=body.add_special, parse_special=body.parse_special
+        )
+        return JSONResponse({"tokens": tokens, "count": len(tokens)})
+
+    async def detokenize(self, request: Request) -> JSONResponse:
+        body = await self.read(request, DetokenizeRequest)
+        try:
+            for position, token in enumerate(body.tokens):
+                if not self.engine.is_valid_token(token):
+                    raise invalid_request(
+                        f"Token id {token} is outside the vocabulary (0..{self.engine.n_vocab - 1})",
+                        param=f"tokens.{position}",
+                    )
+        except EngineUnavailableError as exc:
+            raise engine_unavailable(exc) from None
+        return JSONResponse({"content": await self.off_loop(self.engine.detokenize, body.tokens)})
