@@ -1,4 +1,5 @@
-"""One settings model: it generates the `serve` CLI flags and the EDGE_LLM_* environment variables.
+"""One settings model: pydantic-settings turns it into the `serve` flags (its own CLI source), the
+EDGE_LLM_* environment variables and the keys of the `--config` TOML file.
 
 Precedence: command-line flags > environment variables > config file (TOML) > defaults.
 """
@@ -6,9 +7,8 @@ Precedence: command-line flags > environment variables > config file (TOML) > de
 from __future__ import annotations
 
 import argparse
+import logging
 import os
-import types
-import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -16,6 +16,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
+    CliSettingsSource,
     NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
@@ -24,15 +25,16 @@ from pydantic_settings import (
 
 from edge_llm.models.fetch import MODELS_DIR_ENV, default_model_path
 
-ENV_PREFIX = "EDGE_LLM_"
-CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"
+logger = logging.getLogger(__name__)
 
+ENV_PREFIX = "EDGE_LLM_"
+CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"  # the `config` setting's variable
 
 # A list setting: a repeatable flag, a comma-separated environment variable, a TOML list or string.
 CommaList = Annotated[list[str], NoDecode]
 
 
-def _default_threads() -> int:
+def cores_available() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
@@ -42,20 +44,23 @@ def _default_threads() -> int:
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
 
+    config: Path | None = Field(
+        None, description="TOML file of settings (keys are the flag names with underscores); read after the flags "
+        "and the environment, which win over it."
+    )
+
     # Model and engine
     model: Path = Field(
         default_factory=default_model_path,
-        description=f"Path of the GGUF model file to serve (default: the model `edge-llm model fetch` downloads, "
-        f"in ${MODELS_DIR_ENV}, else $XDG_DATA_HOME/edge-llm/models, else ~/.local/share/edge-llm/models).",
+        description=f"Path of the GGUF model file to serve: by default the model `edge-llm model fetch` downloads, "
+        f"in ${MODELS_DIR_ENV}, else $XDG_DATA_HOME/edge-llm/models, else ~/.local/share/edge-llm/models.",
     )
     model_alias: str | None = Field(
         None, description="Extra name clients may use in the `model` field (besides the file name)."
     )
-    threads: int = Field(
-        default_factory=_default_threads, ge=1, description="CPU threads for decoding (default: the cores available)."
-    )
+    threads: int = Field(default_factory=cores_available, ge=1, description="CPU threads for decoding.")
     threads_batch: int | None = Field(
-        None, ge=1, description="CPU threads for prompt processing (default: same as --threads)."
+        None, ge=1, description="CPU threads for prompt processing (None: the same as --threads)."
     )
     ctx_size: int = Field(
         8192, ge=256, description="Total KV-cache size in tokens, shared by all running sequences and the prefix cache."
@@ -92,7 +97,7 @@ class Settings(BaseSettings):
 
     # Security and exposure
     api_key: CommaList = Field(
-        default_factory=list,
+        [],
         repr=False,
         description="API key clients must send as `Authorization: Bearer KEY` (repeatable; the environment "
         "variable takes a comma-separated list). Off when no key is set; /healthz and /readyz stay open.",
@@ -101,12 +106,12 @@ class Settings(BaseSettings):
         None, description="File of API keys, one a line (blank lines and # comments ignored)."
     )
     allowed_hosts: CommaList = Field(
-        default_factory=list,
+        [],
         description="Extra Host header names accepted (comma list; * accepts any). Always accepted: localhost, "
         "127.0.0.1, [::1], the bound address and this machine's name.",
     )
     cors_origins: CommaList = Field(
-        default_factory=list,
+        [],
         description="Browser origins allowed by CORS (comma list, e.g. http://localhost:5173; * allows any). "
         "CORS is off by default.",
     )
@@ -153,6 +158,11 @@ class Settings(BaseSettings):
     def _expand_model_path(cls, value: Any) -> Any:
         return Path(value).expanduser() if isinstance(value, (str, Path)) else value
 
+    @field_validator("config", mode="before")
+    @classmethod
+    def _no_file_for_an_empty_name(cls, value: Any) -> Any:
+        return value or None  # EDGE_LLM_CONFIG= (empty) names no file
+
     @field_validator("api_key", "allowed_hosts", "cors_origins", mode="before")
     @classmethod
     def _split_comma_list(cls, value: Any) -> Any:
@@ -183,66 +193,34 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        config_file = os.environ.get(CONFIG_FILE_ENV)
-        if config_file:
-            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config_file)))
-        return tuple(sources)
+        # The CLI source, when there is one (settings_from_args), goes before all of these.
+        return init_settings, env_settings, _ConfigFile(settings_cls)
 
 
-def _scalar_type(annotation: Any) -> Any:
-    """The non-None member of `X | None`, or the annotation itself."""
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        members = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return members[0]
-    return annotation
+class _ConfigFile(PydanticBaseSettingsSource):
+    """The TOML file that `config` names, as the flags, init arguments or environment gave it (the sources
+    before this one: pydantic-settings hands their values over as `current_state`)."""
 
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ reads the whole file at once
 
-def flag_name(field_name: str) -> str:
-    return "--" + field_name.replace("_", "-")
+    def __call__(self) -> dict[str, Any]:
+        path = self.current_state.get("config")
+        if not path:
+            return {}
+        logger.debug("settings file: %s", path)
+        return TomlConfigSettingsSource(self.settings_cls, toml_file=Path(path))()
 
 
 def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per settings field; defaults stay None so unset flags fall through to env/file/defaults."""
-    parser.add_argument(
-        "--config",
-        metavar="FILE",
-        help=f"TOML file of settings (keys are the flag names with underscores). Env: {CONFIG_FILE_ENV}",
+    """One flag per settings field (with its EDGE_LLM_* variable in the help), by pydantic-settings' CLI source;
+    unset flags fall through to the environment, the file and the defaults."""
+    source: CliSettingsSource[Settings] = CliSettingsSource(
+        Settings, root_parser=parser, cli_kebab_case=True, cli_implicit_flags=True, cli_hide_none_type=True,
+        cli_avoid_json=True, cli_show_env_vars=True,
     )
-    for name, info in Settings.model_fields.items():
-        parser.add_argument(flag_name(name), dest=name, default=None, **_argument_kwargs(name, info))
-
-
-def _argument_kwargs(name: str, info: FieldInfo) -> dict[str, Any]:
-    annotation = _scalar_type(info.annotation)
-    env = ENV_PREFIX + name.upper()
-    if typing.get_origin(annotation) is Annotated:
-        annotation = typing.get_args(annotation)[0]
-    if info.default_factory is list:
-        default: Any = "none"
-    elif info.default_factory is _default_threads:
-        default = "cores available"
-    elif info.default_factory is not None:
-        default = info.default_factory()  # type: ignore[call-arg]
-    else:
-        default = info.default
-    help_text = f"{info.description} Env: {env}. Default: {default}."
-    if typing.get_origin(annotation) is Literal:
-        return {"choices": list(typing.get_args(annotation)), "help": help_text}
-    if typing.get_origin(annotation) is list:
-        return {"action": "append", "metavar": "TEXT", "help": help_text}
-    if annotation is bool:
-        return {"action": argparse.BooleanOptionalAction, "help": help_text}
-    metavar = {int: "N", float: "X", Path: "PATH"}.get(annotation, "TEXT")
-    return {"metavar": metavar, "help": help_text}
+    parser.set_defaults(settings_source=source)  # settings_from_args reads the parsed flags through it
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    if getattr(args, "config", None):
-        os.environ[CONFIG_FILE_ENV] = args.config
-    overrides = {
-        name: getattr(args, name)
-        for name in Settings.model_fields
-        if getattr(args, name, None) is not None
-    }
-    return Settings(**overrides)
+    return Settings(_cli_settings_source=args.settings_source(parsed_args=args))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,6 @@ from edge_llm.models.fetch import DEFAULT_MODEL, default_model_path
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
-
     for name in list(os.environ):
         if name.startswith("EDGE_LLM_"):
             monkeypatch.delenv(name)
@@ -27,7 +26,6 @@ def settings(*argv: str) -> Settings:
 def test_precedence_flags_over_env_over_file_over_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = tmp_path / "edge-llm.toml"
     config.write_text("port = 4001\nparallel = 3\nqueue_capacity = 7\ndrain_timeout = 12.5\nlog_format = \"text\"\n")
-    monkeypatch.setenv(CONFIG_FILE_ENV, "")  # settings_from_args sets it; monkeypatch restores it afterwards
     monkeypatch.setenv("EDGE_LLM_PARALLEL", "5")
     monkeypatch.setenv("EDGE_LLM_QUEUE_CAPACITY", "9")
     result = settings("--config", str(config), "--queue-capacity", "11")
@@ -35,6 +33,17 @@ def test_precedence_flags_over_env_over_file_over_defaults(tmp_path: Path, monke
     assert result.parallel == 5  # env beats file
     assert result.port == 4001 and result.drain_timeout == 12.5 and result.log_format == "text"  # file beats default
     assert result.ctx_size == 8192  # default
+    assert CONFIG_FILE_ENV not in os.environ  # the file reaches the settings without the environment
+
+
+def test_the_flag_names_another_file_than_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "env.toml").write_text("port = 4001\n")
+    (tmp_path / "flag.toml").write_text("port = 4002\n")
+    monkeypatch.setenv(CONFIG_FILE_ENV, str(tmp_path / "env.toml"))
+    assert settings().port == 4001
+    assert settings("--config", str(tmp_path / "flag.toml")).port == 4002
+    monkeypatch.setenv(CONFIG_FILE_ENV, "")  # empty: no file
+    assert settings().port == 3000 and settings().config is None
 
 
 def test_config_file_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -45,10 +54,9 @@ def test_config_file_from_the_environment(tmp_path: Path, monkeypatch: pytest.Mo
     assert result.request_timeout == 90 and result.max_tokens_cap == 256
 
 
-def test_an_unknown_key_in_the_file_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unknown_key_in_the_file_is_an_error(tmp_path: Path) -> None:
     config = tmp_path / "edge-llm.toml"
     config.write_text("no_such_setting = 1\n")
-    monkeypatch.setenv(CONFIG_FILE_ENV, "")
     with pytest.raises(Exception, match="no_such_setting"):
         settings("--config", str(config))
 
