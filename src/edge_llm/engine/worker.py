@@ -122,8 +122,8 @@ class Engine:
 
     def add_close_hook(self, hook: Callable[[], None]) -> None:
         """`hook()` runs on the engine thread when it ends, after the last request is answered and before
-        the model is freed: whoever uses the runner from another thread (the tokenizer) stops there.
-        Added after that point, it runs at once."""
+        the model is freed: whoever uses the runner from another thread (the facade's tokenizer thread) stops
+        there. Added after that point, it runs at once."""
         with self._lock:
             if not self._close_hooks_ran:
                 self._close_hooks.append(hook)
