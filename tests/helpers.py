@@ -7,10 +7,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
+from httpx_sse import EventSource
 from prometheus_client.parser import text_string_to_metric_families
 
-from edge_llm.api.sse import decode_events
-from tests.integration.server import RunningServer
+from edge_llm.testing.server import RunningServer
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -54,16 +54,10 @@ def total(samples: Samples, name: str) -> float:
 
 
 def sse_events(response: httpx.Response) -> Iterator[tuple[str, str]]:
-    """The (event name, data) pairs of a streaming response, each as soon as it has arrived."""
-    block: list[str] = []
-    for line in response.iter_lines():
-        if line:
-            block.append(line)
-        elif block:
-            yield from decode_events("\n".join(block) + "\n\n")
-            block = []
-    if block:
-        yield from decode_events("\n".join(block) + "\n\n")
+    """The (event name, data) pairs of a streaming response, each as soon as it has arrived (read by httpx-sse,
+    as the chat CLI and the load generator read them; comments such as `: keep-alive` are skipped)."""
+    for event in EventSource(response).iter_sse():
+        yield event.event, event.data
 
 
 # Two computations of one greedy answer in different llama_decode batch layouts (prompt KV taken from the

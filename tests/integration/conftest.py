@@ -6,7 +6,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.integration.server import MODEL_ID, RunningServer, run_server
+from edge_llm.testing.server import MODEL_ID, RunningServer, run_server
 
 
 @pytest.fixture(scope="session")

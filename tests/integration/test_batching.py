@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
+from edge_llm.testing.server import RunningServer, run_server
 from tests.helpers import agreeing_tokens
-from tests.integration.server import RunningServer, run_server
 
 CHAT = "/v1/chat/completions"
 WORDS = ["pineapple", "volcano", "saxophone", "glacier", "cathedral", "kangaroo", "telescope", "lighthouse"]

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from edge_llm.testing.server import RunningServer, free_port, run_server
 from tests.helpers import scrape, total, wait_for
-from tests.integration.server import RunningServer, run_server
 
 KEY = "chat-cli-test-key"
 
@@ -87,8 +87,6 @@ def test_one_shot_errors_are_one_line_and_exit_1(chat_server: RunningServer) -> 
     assert no_key.returncode == 1
     assert no_key.stderr.strip() == ("edge-llm: error: the server needs an API key: pass --api-key KEY "
                                      "(or set EDGE_LLM_API_KEY)")
-    from tests.integration.server import free_port
-
     unreachable = subprocess.run([sys.executable, "-m", "edge_llm", "chat", f"http://127.0.0.1:{free_port()}",
                                   "-p", "hi"], capture_output=True, text=True, timeout=60)
     assert unreachable.returncode == 1

@@ -12,7 +12,7 @@ import pytest
 from edge_llm.engine.runner import ContextConfig, LlamaRunner, json_schema_to_grammar
 from edge_llm.engine.scheduler import StepPlan
 from edge_llm.engine.types import SamplingParams
-from tests.integration.server import MODEL
+from edge_llm.testing.server import MODEL
 
 SCHEMAS = {
     "object": {"type": "object"},

@@ -13,8 +13,8 @@ import openai
 import pytest
 
 from edge_llm.api.sse import decode_events
+from edge_llm.testing.server import MODEL_ID, RunningServer, run_server
 from tests.helpers import chat_body
-from tests.integration.server import MODEL_ID, RunningServer, run_server
 
 CHAT = "/v1/chat/completions"
 INTERVAL = 0.2

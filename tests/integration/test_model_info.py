@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from edge_llm.models.fetch import DEFAULT_MODEL
-from tests.integration.server import MODEL, environment, require_model
+from edge_llm.testing.server import MODEL, environment, require_model
 
 
 @pytest.fixture(autouse=True)

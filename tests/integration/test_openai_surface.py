@@ -11,7 +11,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionTokenLogprob
 
-from tests.integration.server import RunningServer
+from edge_llm.testing.server import RunningServer
 
 COUNT = [{"role": "user", "content": "Count from 1 to 12, separated by commas and spaces. Only the numbers."}]
 

@@ -4,12 +4,10 @@ graceful drain and engine death, each against a real `edge-llm serve` process.""
 from __future__ import annotations
 
 import json
-import os
 import select
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -21,8 +19,8 @@ import httpx
 import pytest
 
 from edge_llm.api.sse import decode_events
+from edge_llm.testing.server import MODEL_ID, RunningServer, environment, free_port, run_server, serve_command
 from tests.helpers import chat_body, metric, port_of, scrape, wait_for
-from tests.integration.server import MODEL, MODEL_ID, RunningServer, free_port, run_server
 
 CHAT = "/v1/chat/completions"
 FLAG_KEY = "sk-test-flag-key"
@@ -119,10 +117,9 @@ def spawned(tmp_dir: Path, *flags: str, env: dict[str, str] | None = None) -> It
     """A server process not yet waited for (to watch it load); killed at the end if still running."""
     port = free_port()
     log_path = tmp_dir / f"server-{port}.log"
-    command = [sys.executable, "-m", "edge_llm", "serve", "--model", str(MODEL), "--port", str(port),
-               "--threads", "2", *flags]
     with log_path.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        process = subprocess.Popen(serve_command(port, *flags), stdout=log, stderr=subprocess.STDOUT,
+                                   env=environment(env))
     try:
         yield RunningServer(f"http://127.0.0.1:{port}", process, log_path)
     finally:

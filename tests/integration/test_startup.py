@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from edge_llm.models.fetch import DEFAULT_MODEL
-from tests.integration.server import MODEL, environment, free_port, require_model, run_server
+from edge_llm.testing.server import MODEL, environment, free_port, require_model, run_server
 
 DEFAULT_ID = DEFAULT_MODEL.filename.removesuffix(".gguf")
 # Nothing from the developer's environment may choose the model for these tests.

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from edge_llm.api.sse import decode_events
-from tests.integration.server import RunningServer
+from edge_llm.testing.server import RunningServer
 
 CHAT = "/v1/chat/completions"
 

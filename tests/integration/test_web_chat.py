@@ -19,12 +19,13 @@ from typing import Any
 import httpx
 import pytest
 
+from edge_llm.testing.server import RunningServer, environment, run_server
 from tests.helpers import Samples, scrape, total, wait_for
-from tests.integration.server import REPO, RunningServer, environment, run_server
 
 CHROMIUM = Path(os.environ.get("EDGE_LLM_TEST_CHROMIUM") or "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
+REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
 KEY = "web-chat-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

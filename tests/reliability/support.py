@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from tests.helpers import Samples, chat_body, metric, port_of, scrape, wait_for  # noqa: F401 (re-exported)
-from tests.integration.server import RunningServer
+from edge_llm.testing.server import RunningServer
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

@@ -20,7 +20,7 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 
-from tests.integration.server import RunningServer, run_server
+from edge_llm.testing.server import RunningServer, run_server
 from tests.reliability.support import (
     Samples,
     TIMEOUT,

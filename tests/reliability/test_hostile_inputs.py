@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from edge_llm.api.protocol import ChatCompletionRequest, SimplePromptRequest
-from tests.integration.server import RunningServer, run_server
+from edge_llm.testing.server import RunningServer, run_server
 from tests.reliability.support import (
     CHAT,
     COMPLETIONS,

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.server import MODEL, RunningServer, free_port, run_server
+from edge_llm.testing.server import MODEL, RunningServer, free_port, run_server
 from tests.reliability.gguf_rewrite import with_chat_template
 from tests.reliability.support import (
     CHAT,

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from edge_llm.engine.runner import json_schema_to_grammar
-from tests.integration.server import MODEL, RunningServer, run_server
+from edge_llm.testing.server import MODEL, RunningServer, run_server
 from tests.reliability.support import (
     CHAT,
     TIMEOUT,

@@ -5,7 +5,9 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from tests.integration.server import REPO
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
 
 _spec = importlib.util.spec_from_file_location("run_benchmarks", REPO / "benchmarks" / "run_benchmarks.py")
 assert _spec is not None and _spec.loader is not None

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edge_llm.engine.greedy import GreedyPicker
-from tests.integration.server import MODEL
+from edge_llm.testing.server import MODEL
 
 
 def reference(logits: np.ndarray, bias: tuple[tuple[int, float], ...]) -> int:
