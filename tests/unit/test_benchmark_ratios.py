@@ -1,19 +1,16 @@
-"""The benchmark's paired ratios (benchmarks/run_benchmarks.py): each repeat against its neighbours."""
+"""The benchmark's paired ratios (benchmarks/suite/report.py): each repeat against its neighbours; and its
+entry point's command line without a run."""
 
 from __future__ import annotations
 
-import importlib.util
+import json
+import subprocess
 import sys
-
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from benchmarks.suite import report as rb
 
-_spec = importlib.util.spec_from_file_location("run_benchmarks", REPO / "benchmarks" / "run_benchmarks.py")
-assert _spec is not None and _spec.loader is not None
-rb = importlib.util.module_from_spec(_spec)
-sys.modules["run_benchmarks"] = rb  # dataclasses look their module up while the class is built
-_spec.loader.exec_module(rb)
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def raw_with_groups(*rates: float) -> dict:
@@ -46,3 +43,27 @@ def test_record_only_checks_have_no_verdict() -> None:
     check = rb.target("x", 0.5, ">=", 0.95, [], record_only=True)
     assert check["pass"] is None and "for the record" in check["target"]
     assert rb.target("x", 0.5, ">=", 0.95, [])["pass"] is False
+
+
+def test_the_committed_results_give_the_committed_report() -> None:
+    results = json.loads((BENCHMARKS / "results" / "latest.json").read_text())
+    assert rb.evaluate_targets(results["raw"], results["ours"], results["peer"]) == results["targets"]
+    assert rb.markdown_report(results) == (BENCHMARKS / "results" / "latest.md").read_text()
+
+
+def test_the_entry_point_keeps_its_command_line() -> None:
+    result = subprocess.run([sys.executable, str(BENCHMARKS / "run_benchmarks.py"), "--help"], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    for flag in ("--quick", "--skip-peer", "--quiet-wait", "--model", "--out", "--plot-only"):
+        assert flag in result.stdout
+
+
+def test_the_plot_needs_neither_this_project_nor_llama_cpp() -> None:
+    # --plot-only runs under the peer venv's Python, which has matplotlib but not edge_llm.
+    check = ("import sys; sys.path.insert(0, sys.argv[1]); import suite.plan, suite.plot; "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('edge_llm', 'llama_cpp', 'httpx')))")
+    result = subprocess.run([sys.executable, "-c", check, str(BENCHMARKS)], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

@@ -1,0 +1,14 @@
+"""The side-by-side benchmark behind benchmarks/run_benchmarks.py (see benchmarks/README.md).
+
+- plan.py       what one run does: the model settings, the client levels, repeats and waits
+- raw.py        (a) the raw llama-cpp-python decode loop: llama_cpp only, none of this project's code
+- processes.py  our server and llama_cpp.server as processes (edge_llm.testing.server), the peer's venv
+- load.py       (b, c, d) load levels and the shared-prefix series against a server (edge_llm.cli.bench)
+- measure.py    a quiet machine: wait for idle CPUs, count other processes' CPU time, measure again
+- report.py     the paired ratios, the targets and latest.md
+- plot.py       latest.png (matplotlib; standard library otherwise, so the peer's Python can draw it)
+- run.py        one run from start to end, and its outputs
+
+Only plan.py and plot.py are imported for `--plot-only`: they need nothing but the standard library
+(and matplotlib).
+"""

@@ -1,0 +1,82 @@
+"""The servers under test as processes: ours (`edge-llm serve`) and the peer (llama_cpp.server, from its own
+virtualenv), both started, waited for and stopped by the one server-process helper, edge_llm.testing.server."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from edge_llm.testing.server import RunningServer, free_port, run_process, run_server
+
+from .plan import BENCH_DIR, REPO, SERVER_PARALLEL, THREADS
+
+logger = logging.getLogger(__name__)
+
+PEER_VENV = BENCH_DIR / ".venv-peer"
+PEER_REQUIREMENTS = ("llama-cpp-python[server]==0.3.36", "matplotlib==3.11.2")
+STARTUP_TIMEOUT_S = 180
+
+
+@contextmanager
+def ours(model: Path, log_dir: Path) -> Iterator[RunningServer]:
+    """`edge-llm serve --parallel 8` with the benchmark's threads, logging to log_dir/ours.log."""
+    with run_server(log_dir, "--parallel", str(SERVER_PARALLEL), "--log-level", "warning", model=model,
+                    threads=THREADS, cwd=REPO, startup_timeout=STARTUP_TIMEOUT_S, log_name="ours.log") as server:
+        wait_until_serving(server.url)
+        yield server
+
+
+@contextmanager
+def peer(model: Path, log_dir: Path) -> Iterator[RunningServer]:
+    """llama_cpp.server on the same model and threads, logging to log_dir/peer.log."""
+    port = free_port()
+    command = [str(peer_python()), "-m", "llama_cpp.server", "--model", str(model), "--n_threads", str(THREADS),
+               "--n_threads_batch", str(THREADS), "--interrupt_requests", "False", "--host", "127.0.0.1",
+               "--port", str(port)]
+    with run_process(command, f"http://127.0.0.1:{port}", log_dir / "peer.log", ready_path="/v1/models",
+                     cwd=REPO, startup_timeout=STARTUP_TIMEOUT_S) as server:
+        wait_until_serving(server.url)
+        yield server
+
+
+def wait_until_serving(base_url: str, timeout_s: float = 180) -> None:
+    """Ready is not always serving (a peer may answer /v1/models before its first completion works): wait
+    for a 1-token completion."""
+    body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).encode()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        request = urllib.request.Request(base_url + "/v1/chat/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(1)
+
+
+def peer_python() -> Path:
+    return PEER_VENV / "bin" / "python"
+
+
+def ensure_peer_venv() -> Path:
+    """benchmarks/.venv-peer with llama_cpp.server and matplotlib, created when missing."""
+    python = peer_python()
+    check = [str(python), "-c", "import llama_cpp.server, matplotlib"]
+    if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
+        return python
+    logger.info("creating %s with %s", PEER_VENV, ", ".join(PEER_REQUIREMENTS))
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(PEER_VENV)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", *PEER_REQUIREMENTS], check=True)
+    return python
