@@ -1,4 +1,4 @@
-"""Command line: `edge-llm serve | model fetch | model info`."""
+"""Command line: `edge-llm serve | chat | model fetch | model info | bench`."""
 
 from __future__ import annotations
 
