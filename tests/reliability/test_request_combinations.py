@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from edge_llm.engine.runner import json_schema_to_grammar
 from edge_llm.testing.server import MODEL, RunningServer, run_server
+from tests.helpers import sse_events
 from tests.reliability.support import (
     CHAT,
     TIMEOUT,
@@ -164,12 +165,12 @@ def test_a_stream_in_flight_survives_the_hostile_bodies(combo_server: RunningSer
     hostile = ask("Is water wet? Answer in JSON.", response_format={"type": "json_object"}, ignore_eos=True,
                   max_tokens=300)
     with httpx.stream("POST", combo_server.url + CHAT, json=long_body, timeout=TIMEOUT) as response:
-        lines = (line for line in response.iter_lines() if line.startswith("data: "))
-        first = next(lines)
+        events = sse_events(response)
+        first = next(events)
         assert post(combo_server, hostile).status_code == 200
-        rest = [first, *lines]
-    assert rest[-1] == "data: [DONE]"
-    chunks = [json.loads(line.removeprefix("data: ")) for line in rest[:-1]]
+        rest = [first, *events]
+    assert rest[-1] == ("message", "[DONE]")
+    chunks = [json.loads(data) for _, data in rest[:-1]]
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
 
 
