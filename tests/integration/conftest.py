@@ -32,7 +32,7 @@ def repeatable_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runn
 
 @pytest.fixture(scope="session")
 def repeatable_client(repeatable_server: RunningServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=repeatable_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=repeatable_server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
 
 
 @pytest.fixture(scope="session")
