@@ -23,8 +23,8 @@ def client(server: RunningServer) -> openai.OpenAI:
 
 @pytest.fixture(scope="session")
 def repeatable_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """One sequence at a time and no prefix cache: every request is prefilled cold, alone, in the same cells
-    and chunks, so the same temperature-0 or seeded request gives the same text every time, streamed or not.
+    """One sequence at a time and no prefix cache: every request is prefilled cold and alone, in the same chunks,
+    so the same temperature-0 or seeded request gives the same text every time, streamed or not.
     Only here may a test compare the exact text of two requests (see docs/architecture.md, Repeatability)."""
     with run_server(tmp_path_factory.mktemp("repeatable"), "--parallel", "1", "--cache-slots", "0") as running:
         yield running
