@@ -17,7 +17,7 @@ import llama_cpp
 import numpy as np
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-from edge_llm.engine.grammar import GrammarError, check_grammar_limits, check_schema_limits
+from edge_llm.engine.grammar import CompiledGrammars, GrammarError, check_grammar_limits, check_schema_limits
 from edge_llm.engine.greedy import GreedyPicker
 from edge_llm.engine.scheduler import KvCopy, KvOp, KvRemove, StepPlan
 from edge_llm.engine.types import ModelInfo, OutOfCellsError, SamplingExhausted, SamplingParams, TokenLogprob
@@ -177,6 +177,8 @@ class LlamaRunner:
         self._end_tokens = tuple(t for t in range(self._n_vocab) if self.is_end_of_generation(t))  # ~0.2 s
         self._candidates = _Candidates(self._n_vocab)  # engine thread only, like sampling
         self._single = _Candidates(1)
+        self._grammars = CompiledGrammars(self._compile_grammar, llama_cpp.llama_sampler_clone,
+                                          llama_cpp.llama_sampler_free)
         self.info = self._read_info()
 
     # ---- model facts -----------------------------------------------------------------
@@ -309,7 +311,7 @@ class LlamaRunner:
         logit_bias = self._logit_bias(params)
         grammar = None
         if params.grammar is not None:
-            grammar = self._grammar_sampler(params.grammar)
+            grammar = self._grammars.instance(params.grammar)  # a clone of the one check_grammar compiled
             if grammar is None:
                 raise GrammarError("llama.cpp rejected the grammar")
         if params.greedy and not penalized:
@@ -343,18 +345,16 @@ class LlamaRunner:
             add(chain, llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
         return Sampler(chain=chain, grammar=grammar)
 
-    def _grammar_sampler(self, grammar: str) -> llama_cpp.llama_sampler_p | None:
+    def _compile_grammar(self, grammar: str) -> llama_cpp.llama_sampler_p | None:
         handle = llama_cpp.llama_sampler_init_grammar(self._vocab, grammar.encode("utf-8"), b"root")
         return handle or None
 
     def check_grammar(self, grammar: str) -> None:
-        """Checks the limits, compiles a grammar once and throws it away (vocabulary only: safe off the engine
-        thread). Every grammar a request brings passes here before the engine gets it."""
+        """Checks the limits and compiles a grammar into the cache that `new_sampler` clones from (vocabulary
+        only: safe off the engine thread). Every grammar a request brings passes here before the engine gets it."""
         check_grammar_limits(grammar)
-        handle = self._grammar_sampler(grammar)
-        if handle is None:
+        if not self._grammars.add(grammar):
             raise GrammarError("llama.cpp rejected the grammar")
-        llama_cpp.llama_sampler_free(handle)
 
     def sample(self, sampler: Sampler, batch_index: int) -> int:
         """The next token of one sequence. Under a grammar, llama.cpp's common-sampler scheme: sample as if
@@ -430,6 +430,7 @@ class LlamaRunner:
         return TokenLogprob(token, self.piece(token), float(logits[token]) - log_total, top)
 
     def close(self) -> None:
+        self._grammars.close()
         if self._ctx:
             llama_cpp.llama_batch_free(self._batch)
             llama_cpp.llama_free(self._ctx)
