@@ -14,19 +14,22 @@ import pytest
 
 from edge_llm.cli.bench import (
     BenchConfig,
-    StreamRecorder,
-    StreamResult,
     chat_url,
     format_table,
-    inter_token_latencies,
-    level_wall_time,
     load_prompts,
     models_url,
     parse_extra_body,
     parse_levels,
-    percentile,
     request_prompt,
     stream_chat,
+)
+from edge_llm.cli.bench_stats import (
+    StreamRecorder,
+    StreamResult,
+    inter_token_latencies,
+    level_wall_time,
+    percentile,
+    server_decode_tokens_per_second,
     stream_tokens_per_second,
     summarize_level,
 )
@@ -107,6 +110,23 @@ def test_recorder_records_an_error_event() -> None:
     result = record([(1.0, json.dumps(error)), (1.1, "[DONE]")])
     assert not result.ok
     assert result.error == "the request queue is full"
+
+
+def test_a_tool_call_delta_is_output_and_the_server_decode_time_is_read_from_timings() -> None:
+    call = {"index": 0, "id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    ours = record([
+        (2.0, json.dumps({"choices": [{"delta": {"tool_calls": [call]}}]})),
+        (2.1, json.dumps({"choices": [{"delta": {}, "finish_reason": "tool_calls"}], "timings": {"decode_ms": 1500}})),
+        (2.2, usage_data(31)),
+        (2.3, "[DONE]"),
+    ])
+    assert ours.content_times == [2.0]
+    assert ours.server_decode_s == pytest.approx(1.5)
+    assert server_decode_tokens_per_second(ours) == pytest.approx(20.0)  # 30 tokens after the first
+    peer = record([(1.0, content_data("a")), (1.5, json.dumps({"choices": [], "usage": {"completion_tokens": 11},
+                                                               "timings": {"predicted_ms": 500.0}})), (1.6, "[DONE]")])
+    assert server_decode_tokens_per_second(peer) == pytest.approx(20.0)
+    assert server_decode_tokens_per_second(record([(1.0, content_data("a")), (1.1, "[DONE]")])) is None
 
 
 def test_a_stream_without_done_is_an_error() -> None:
@@ -226,6 +246,11 @@ def test_request_body_streams_with_usage() -> None:
     assert body["temperature"] == 0.0
     assert body["messages"] == [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]
     assert "model" not in BenchConfig("http://h").body("hi")
+
+
+def test_without_max_tokens_the_body_has_none() -> None:
+    assert "max_tokens" not in BenchConfig("http://h", max_tokens=None).body("hi")
+    assert BenchConfig("http://h").body("hi")["max_tokens"] == 64
 
 
 def test_extra_body_is_merged_into_every_request() -> None:

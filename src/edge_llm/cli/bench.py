@@ -6,16 +6,19 @@ previous one ends) and the level reports time to first token, inter-token latenc
 per-stream decode speed, aggregate throughput and errors.
 
 Definitions (all times on the client's monotonic clock):
-- TTFT: request sent → first chunk with non-empty `delta.content`.
+- TTFT: request sent → first chunk with non-empty `delta.content` (or `delta.tool_calls`).
 - inter-token latency (ITL): gaps between consecutive content chunks of one stream.
 - stream tokens/s: (completion tokens − 1) / (last content chunk − first content chunk),
   the decode speed one client sees, without the prefill.
 - aggregate tokens/s: all completion tokens of the level / wall time of the level.
+- server decode tokens/s: (completion tokens − 1) / the decode time the server reports in the last
+  chunk's `timings` (edge-llm's `decode_ms`, llama-server's `predicted_ms`), when it sends one: the
+  decode speed without the network, also for answers streamed in few chunks (a tool call).
 Completion tokens come from the final `usage` chunk (`stream_options.include_usage`);
 servers that send none are measured by their count of content chunks.
 
-The measuring and statistics are pure functions (`StreamRecorder`, `summarize_level`,
-`percentile`, ...); the HTTP part is `stream_chat` / `run_level`.
+The measuring and statistics are pure functions in `bench_stats` (`StreamRecorder`, `summarize_level`,
+`percentile`, ...); the HTTP part is here, `stream_chat` / `run_level`.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Any
 import httpx
 from httpx_sse import EventSource
 
+from edge_llm.cli.bench_stats import LevelStats, StreamRecorder, StreamResult, level_wall_time, summarize_level
 from edge_llm.cli.progress import ProgressBar
 
 DEFAULT_PROMPTS: tuple[str, ...] = (
@@ -56,174 +60,6 @@ DEFAULT_PROMPTS: tuple[str, ...] = (
 
 ProgressCallback = Callable[[int, int], None]
 
-
-# ---- one stream: recording (pure) -------------------------------------------------------------
-
-
-@dataclass
-class StreamResult:
-    """What one streamed request did; times are seconds on the monotonic clock."""
-
-    started: float
-    ended: float = 0.0
-    content_times: list[float] = field(default_factory=list)
-    usage_tokens: int | None = None
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    @property
-    def completion_tokens(self) -> int:
-        return self.usage_tokens if self.usage_tokens is not None else len(self.content_times)
-
-    @property
-    def ttft(self) -> float | None:
-        return self.content_times[0] - self.started if self.content_times else None
-
-
-class StreamRecorder:
-    """Feeds the events of one chat-completions stream into a `StreamResult`."""
-
-    def __init__(self, started: float) -> None:
-        self.result = StreamResult(started=started)
-        self.done = False
-
-    def feed_data(self, data: str, now: float) -> None:
-        """The data of one SSE event: a JSON chunk or `[DONE]`."""
-        if data == "[DONE]":
-            self.done = True
-            return
-        try:
-            chunk = json.loads(data)
-        except json.JSONDecodeError:
-            self.result.error = f"invalid JSON in stream: {data[:80]!r}"
-            return
-        self.feed_chunk(chunk, now)
-
-    def feed_chunk(self, chunk: Any, now: float) -> None:
-        if not isinstance(chunk, dict):
-            return
-        if "error" in chunk:
-            self.result.error = error_message(chunk["error"])
-            return
-        if chunk_content(chunk):
-            self.result.content_times.append(now)
-        tokens = usage_completion_tokens(chunk)
-        if tokens is not None:
-            self.result.usage_tokens = tokens
-
-    def finish(self, now: float) -> StreamResult:
-        self.result.ended = now
-        if self.result.error is None and not self.done:
-            self.result.error = "stream ended without [DONE]"
-        return self.result
-
-
-def chunk_content(chunk: dict[str, Any]) -> str:
-    choices = chunk.get("choices") or []
-    if not choices or not isinstance(choices[0], dict):
-        return ""
-    delta = choices[0].get("delta") or {}
-    content = delta.get("content") if isinstance(delta, dict) else None
-    return content if isinstance(content, str) else ""
-
-
-def usage_completion_tokens(chunk: dict[str, Any]) -> int | None:
-    usage = chunk.get("usage")
-    if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
-        return int(usage["completion_tokens"])
-    return None
-
-
-def error_message(error: Any) -> str:
-    if isinstance(error, dict):
-        return str(error.get("message") or error)
-    return str(error)
-
-
-# ---- statistics (pure) -----------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-th percentile (0..100) by linear interpolation between closest ranks; None if empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100.0
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
-def inter_token_latencies(result: StreamResult) -> list[float]:
-    times = result.content_times
-    return [later - earlier for earlier, later in zip(times, times[1:])]
-
-
-def stream_tokens_per_second(result: StreamResult) -> float | None:
-    """Decode speed of one stream: tokens after the first / time from first to last content chunk."""
-    times = result.content_times
-    if len(times) < 2 or result.completion_tokens < 2:
-        return None
-    span = times[-1] - times[0]
-    return (result.completion_tokens - 1) / span if span > 0 else None
-
-
-@dataclass(frozen=True)
-class LevelStats:
-    concurrency: int
-    requests: int
-    errors: int
-    completion_tokens: int
-    wall_time_s: float
-    aggregate_tokens_per_s: float
-    ttft_median_s: float | None
-    ttft_p95_s: float | None
-    itl_median_s: float | None
-    itl_p95_s: float | None
-    stream_tokens_per_s_median: float | None
-    stream_tokens_per_s_p5: float | None
-    usage_reported: bool
-    error_samples: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["error_samples"] = list(self.error_samples)
-        return data
-
-
-def summarize_level(concurrency: int, results: Sequence[StreamResult], wall_time_s: float) -> LevelStats:
-    good = [r for r in results if r.ok]
-    failed = [r for r in results if not r.ok]
-    ttfts = [t for r in good if (t := r.ttft) is not None]
-    itls = [gap for r in good for gap in inter_token_latencies(r)]
-    speeds = [s for r in good if (s := stream_tokens_per_second(r)) is not None]
-    tokens = sum(r.completion_tokens for r in good)
-    return LevelStats(
-        concurrency=concurrency,
-        requests=len(results),
-        errors=len(failed),
-        completion_tokens=tokens,
-        wall_time_s=wall_time_s,
-        aggregate_tokens_per_s=tokens / wall_time_s if wall_time_s > 0 else 0.0,
-        ttft_median_s=percentile(ttfts, 50),
-        ttft_p95_s=percentile(ttfts, 95),
-        itl_median_s=percentile(itls, 50),
-        itl_p95_s=percentile(itls, 95),
-        stream_tokens_per_s_median=percentile(speeds, 50),
-        stream_tokens_per_s_p5=percentile(speeds, 5),
-        usage_reported=bool(good) and all(r.usage_tokens is not None for r in good),
-        error_samples=tuple(sorted({r.error or "" for r in failed}))[:3],
-    )
-
-
-def level_wall_time(results: Sequence[StreamResult]) -> float:
-    """From the first request sent to the last one ended."""
-    if not results:
-        return 0.0
-    return max(r.ended for r in results) - min(r.started for r in results)
 
 
 def parse_levels(text: str) -> list[int]:
@@ -275,7 +111,7 @@ def load_prompts(path: Path | None) -> list[str]:
 @dataclass(frozen=True)
 class BenchConfig:
     base_url: str
-    max_tokens: int = 64
+    max_tokens: int | None = 64  # None: the body has no max_tokens (the server decides, as for most SDK clients)
     temperature: float = 0.0
     model: str | None = None
     api_key: str | None = None
@@ -290,11 +126,12 @@ class BenchConfig:
         messages.append({"role": "user", "content": prompt})
         body: dict[str, Any] = {
             "messages": messages,
-            "max_tokens": self.max_tokens,
             "temperature": self.temperature,
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if self.max_tokens is not None:
+            body["max_tokens"] = self.max_tokens
         if self.model:
             body["model"] = self.model
         body.update(self.extra_body)
