@@ -1,6 +1,7 @@
 """Side-by-side throughput and latency benchmark; see benchmarks/README.md.
 
     .venv/bin/python benchmarks/run_benchmarks.py [--quick] [--skip-peer]
+    .venv/bin/python benchmarks/run_benchmarks.py --only structured|real-client [--llama-server PATH]
 
 In one run, on the same model and thread count:
   (a) raw: the llama-cpp-python decode ceiling, a low-level batched greedy decode loop;
@@ -9,6 +10,10 @@ In one run, on the same model and thread count:
   (d) shared prefix: sequential requests sharing a ~800-token system prompt (ours and peer).
 (a), (b) and (c) alternate level by level (a paired design: the machine drifts within minutes).
 Writes benchmarks/results/latest.{json,md,png}; server logs go to benchmarks/results/*.log.
+`--only` runs one of the parts that run alone instead, against ours and llama.cpp's llama-server:
+  structured: plain vs json_object, json_schema and a required tool call, and grammar compile costs (issue 14);
+  real-client: no max_tokens, a shared ~1,000-token system prompt, 8 clients (issue 12);
+each writes benchmarks/results/PART.{json,md}.
 The parts live in benchmarks/suite/ (its __init__ lists them).
 
 Only the standard library (with suite/plan.py and suite/plot.py, which need nothing else) is imported
@@ -27,6 +32,8 @@ from pathlib import Path
 
 from suite.plan import RESULTS
 
+PARTS = ("structured", "real-client")  # suite/parts.py
+
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -38,6 +45,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", type=Path, default=None,
                         help="GGUF model (default: the one `edge-llm model fetch` downloads)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (default: %(default)s)")
+    parser.add_argument("--only", choices=PARTS,
+                        help="run one part alone and write results/PART.{json,md} (see benchmarks/README.md)")
+    parser.add_argument("--llama-server", type=Path, metavar="PATH",
+                        help="llama.cpp's llama-server binary for --only (default: $LLAMA_SERVER, else PATH)")
     parser.add_argument("--plot-only", nargs=2, type=Path, metavar=("JSON", "PNG"),
                         help="only render the plot of a results file (used under the peer venv)")
     return parser.parse_args(argv)
@@ -56,6 +67,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from suite.plot import render_plot
 
         render_plot(json.loads(args.plot_only[0].read_text()), args.plot_only[1])
+        return 0
+    if args.only:
+        from suite.parts import run_part
+
+        sys.stdout.write(run_part(args.only, args))
         return 0
     from suite.report import markdown_report
     from suite.run import run, write_outputs

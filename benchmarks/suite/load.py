@@ -20,14 +20,14 @@ from .raw import RawLoop
 logger = logging.getLogger(__name__)
 
 
-def shared_prefix_text() -> str:
-    """A ~800-token system prompt of distinct, numbered rules."""
+def shared_prefix_text(rules: int = 24) -> str:
+    """A system prompt of distinct, numbered rules: 926 tokens with 24 of them (the default model), ~38 a rule."""
     topics = ("naming", "tests", "logging", "error handling", "documentation", "performance", "security",
               "dependencies", "formatting", "reviews", "releases", "configuration")
     rules = [
         f"Rule {i + 1}: when you work on {topics[i % len(topics)]} in module number {i * 7 + 3}, keep each "
         f"change small, explain the reason for it, and check case {i * 13 % 97} before you finish."
-        for i in range(24)
+        for i in range(rules)
     ]
     return "You are the code-review assistant of a small team. Follow these house rules.\n" + "\n".join(rules)
 

@@ -1,10 +1,13 @@
-"""The servers under test as processes: ours (`edge-llm serve`) and the peer (llama_cpp.server, from its own
-virtualenv), both started, waited for and stopped by the one server-process helper, edge_llm.testing.server."""
+"""The servers under test as processes: ours (`edge-llm serve`), the peer (llama_cpp.server, from its own
+virtualenv) and llama.cpp's C++ `llama-server` when its binary is there, all started, waited for and stopped by
+the one server-process helper, edge_llm.testing.server."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -20,16 +23,39 @@ from .plan import BENCH_DIR, REPO, SERVER_PARALLEL, THREADS
 
 logger = logging.getLogger(__name__)
 
+LLAMA_SERVER_ENV = "LLAMA_SERVER"  # the path of llama.cpp's llama-server binary (benchmarks/README.md: building it)
 PEER_VENV = BENCH_DIR / ".venv-peer"
 PEER_REQUIREMENTS = ("llama-cpp-python[server]==0.3.36", "matplotlib==3.11.2")
 STARTUP_TIMEOUT_S = 180
 
 
 @contextmanager
-def ours(model: Path, log_dir: Path) -> Iterator[RunningServer]:
-    """`edge-llm serve --parallel 8` with the benchmark's threads, logging to log_dir/ours.log."""
-    with run_server(log_dir, "--parallel", str(SERVER_PARALLEL), "--log-level", "warning", model=model,
+def ours(model: Path, log_dir: Path, *flags: str) -> Iterator[RunningServer]:
+    """`edge-llm serve --parallel 8` with the benchmark's threads (and `flags`), logging to log_dir/ours.log."""
+    with run_server(log_dir, "--parallel", str(SERVER_PARALLEL), "--log-level", "warning", *flags, model=model,
                     threads=THREADS, cwd=REPO, startup_timeout=STARTUP_TIMEOUT_S, log_name="ours.log") as server:
+        wait_until_serving(server.url)
+        yield server
+
+
+def find_llama_server(explicit: Path | None = None) -> Path | None:
+    """llama-server: `explicit` (--llama-server), else $LLAMA_SERVER, else the one on PATH; None when absent."""
+    for candidate in (explicit, os.environ.get(LLAMA_SERVER_ENV), shutil.which("llama-server")):
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return Path(candidate).resolve()
+    return None
+
+
+@contextmanager
+def llama_server(binary: Path, model: Path, log_dir: Path, parallel: int, ctx: int = 8192) -> Iterator[RunningServer]:
+    """llama.cpp's llama-server on the same model and threads: `parallel` slots sharing one unified KV cache of
+    `ctx` cells (as ours), Prometheus metrics on, logging to log_dir/llama-server.log."""
+    port = free_port()
+    command = [str(binary), "--model", str(model), "--threads", str(THREADS), "--threads-batch", str(THREADS),
+               "--parallel", str(parallel), "--ctx-size", str(ctx), "--kv-unified", "--metrics", "--jinja",
+               "--host", "127.0.0.1", "--port", str(port)]
+    with run_process(command, f"http://127.0.0.1:{port}", log_dir / "llama-server.log", ready_path="/health",
+                     cwd=REPO, startup_timeout=STARTUP_TIMEOUT_S) as server:
         wait_until_serving(server.url)
         yield server
 

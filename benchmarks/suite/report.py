@@ -103,11 +103,11 @@ def evaluate_targets(raw: dict[str, Any], ours: dict[str, Any], peer: dict[str, 
 # ---- latest.md ------------------------------------------------------------------------------------------
 
 
-def _fmt(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
+def fmt(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
     return "–" if value is None else f"{value * scale:.{digits}f}"
 
 
-def _pct(value: float | None) -> str:
+def pct(value: float | None) -> str:
     if value is None:
         return "–"
     return f"{value * 100:.0f}%" + (" ⚠" if value > DISTURBED else "")
@@ -130,8 +130,8 @@ def markdown_report(results: dict[str, Any]) -> str:
         "|---:|---:|---:|---:|---:|---:|",
     ]
     for b in raw["batches"]:
-        lines.append(f"| {b['batch']} | {_fmt(b['decode_tokens_per_s'])} | {_fmt(b['decode_tokens_per_s_best'])} | "
-                     f"{_fmt(b['prefill_s'], 1000, 0)} | {_fmt(b['end_to_end_tokens_per_s'])} | {_pct(b.get('neighbour_cpu'))} |")
+        lines.append(f"| {b['batch']} | {fmt(b['decode_tokens_per_s'])} | {fmt(b['decode_tokens_per_s_best'])} | "
+                     f"{fmt(b['prefill_s'], 1000, 0)} | {fmt(b['end_to_end_tokens_per_s'])} | {pct(b.get('neighbour_cpu'))} |")
     lines += ["", f"## (b, c) Servers under load ({NEW_TOKENS} max tokens, temperature 0, streamed)", "",
               "| server | clients | requests | errors | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | ITL p95 ms "
               "| stream tok/s | aggregate tok/s | raw same batch: decode / end-to-end tok/s | other CPU use |",
@@ -140,28 +140,28 @@ def markdown_report(results: dict[str, Any]) -> str:
         for lv in (results.get(name) or {}).get("levels", []):
             lines.append(
                 f"| {name} | {lv['concurrency']} | {lv['requests']} | {lv['errors']} | "
-                f"{_fmt(lv['ttft_median_s'], 1000, 0)} | {_fmt(lv['ttft_p95_s'], 1000, 0)} | "
-                f"{_fmt(lv['itl_median_s'], 1000, 1)} | {_fmt(lv['itl_p95_s'], 1000, 1)} | "
-                f"{_fmt(lv['stream_tokens_per_s_median'])} | {_fmt(lv['aggregate_tokens_per_s'])} | "
-                f"{_fmt(raw_rate(raw, lv['concurrency']))} / {_fmt(raw_end_to_end(raw, lv['concurrency']))} | "
-                f"{_pct(lv.get('neighbour_cpu'))} |")
+                f"{fmt(lv['ttft_median_s'], 1000, 0)} | {fmt(lv['ttft_p95_s'], 1000, 0)} | "
+                f"{fmt(lv['itl_median_s'], 1000, 1)} | {fmt(lv['itl_p95_s'], 1000, 1)} | "
+                f"{fmt(lv['stream_tokens_per_s_median'])} | {fmt(lv['aggregate_tokens_per_s'])} | "
+                f"{fmt(raw_rate(raw, lv['concurrency']))} / {fmt(raw_end_to_end(raw, lv['concurrency']))} | "
+                f"{pct(lv.get('neighbour_cpu'))} |")
     lines += ["", f"## (d) Shared prefix (~{raw['shared_prefix_tokens']}-token system prompt, sequential requests)",
               "", "| server | requests | first TTFT ms | later TTFT ms (median) | later / first | all TTFTs ms "
               "| other CPU use |", "|---|---:|---:|---:|---:|---|---:|"]
     for name in ("ours", "peer"):
         prefix = (results.get(name) or {}).get("shared_prefix")
         if prefix:
-            all_ttfts = ", ".join(_fmt(t, 1000, 0) for t in prefix["ttft_s"])
-            lines.append(f"| {name} | {prefix['requests']} | {_fmt(prefix['first_ttft_s'], 1000, 0)} | "
-                         f"{_fmt(prefix['later_ttft_median_s'], 1000, 0)} | "
-                         f"{_fmt(ratio(prefix['later_ttft_median_s'], prefix['first_ttft_s']), 1, 3)} | "
-                         f"{all_ttfts} | {_pct(prefix.get('neighbour_cpu'))} |")
+            all_ttfts = ", ".join(fmt(t, 1000, 0) for t in prefix["ttft_s"])
+            lines.append(f"| {name} | {prefix['requests']} | {fmt(prefix['first_ttft_s'], 1000, 0)} | "
+                         f"{fmt(prefix['later_ttft_median_s'], 1000, 0)} | "
+                         f"{fmt(ratio(prefix['later_ttft_median_s'], prefix['first_ttft_s']), 1, 3)} | "
+                         f"{all_ttfts} | {pct(prefix.get('neighbour_cpu'))} |")
     lines += ["", "## Targets", "", "| check | ratio | target | pass | other CPU use (worst input) |",
               "|---|---:|---:|:---:|---:|"]
     for check in results["targets"]:
         mark = {True: "yes", False: "**no**", None: "–"}[check["pass"]]
-        lines.append(f"| {check['check']} | {_fmt(check['ratio'], 1, 3)} | {check['target']} | {mark} | "
-                     f"{_pct(check.get('inputs_neighbour_cpu'))} |")
+        lines.append(f"| {check['check']} | {fmt(check['ratio'], 1, 3)} | {check['target']} | {mark} | "
+                     f"{pct(check.get('inputs_neighbour_cpu'))} |")
     if any(check.get("disturbed") for check in results["targets"]):
         lines += ["", f"⚠: measured while other processes used more than {DISTURBED:.0%} of the CPUs (after "
                   f"{results['meta'].get('attempts', 3)} tries); such figures and the ratios built on them are not "

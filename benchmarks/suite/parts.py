@@ -1,0 +1,118 @@
+"""The parts that run alone (`run_benchmarks.py --only PART`): structured outputs (issue 14) and the real-client
+workload (issue 12), ours and llama.cpp's llama-server side by side when its binary is found. Each writes its own
+results/PART.{json,md} and leaves latest.* to the full run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from edge_llm.models.fetch import default_model_path
+
+from . import processes
+from .load import shared_prefix_text
+from .measure import wait_for_quiet
+from .plan import RESULTS, THREADS, Plan
+from .real_client import CLIENTS, PREFIX_RULES, QUESTIONS, run_real_client
+from .run import git_commit
+from .structured import ANSWER_TOKENS, LEVELS, Server, compile_costs, first_request_latency, prepare, run_workloads
+from .structured_report import OURS, PEER, real_client_markdown, structured_markdown, structured_targets
+
+logger = logging.getLogger(__name__)
+
+PARTS = ("structured", "real-client")
+
+
+def metadata(model: Path, plan: Plan, binary: Path | None) -> dict[str, Any]:
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "model": model.name,
+        "threads": THREADS,
+        "cpus": os.cpu_count(),
+        "commit": git_commit(),
+        "quick": plan.quick,
+        "peer": f"llama-server ({binary})" if binary else None,
+        "peer_note": None if binary else (
+            "llama-server not found (--llama-server PATH, $LLAMA_SERVER or PATH; benchmarks/README.md says how to "
+            "build it): ours only"),
+        "loadavg_before": os.getloadavg()[0],
+    }
+
+
+@contextmanager
+def servers(model: Path, binary: Path | None, parallel: int) -> Iterator[list[Server]]:
+    """Ours (`--parallel 8`) and, when there is a binary, llama-server with `parallel` slots, both running."""
+    with ExitStack() as stack:
+        running = stack.enter_context(processes.ours(model, RESULTS))
+        found = [Server(OURS, running.url, running.process.pid)]
+        if binary is not None:
+            running = stack.enter_context(processes.llama_server(binary, model, RESULTS, parallel))
+            found.append(Server(PEER, running.url, running.process.pid))
+        yield found
+
+
+def run_structured(args: argparse.Namespace, plan: Plan, model: Path, binary: Path | None) -> dict[str, Any]:
+    levels = LEVELS[:2] if plan.quick else LEVELS
+    results: dict[str, Any] = {"meta": {**metadata(model, plan, binary), "answer_tokens": ANSWER_TOKENS,
+                                        "levels": list(levels), "peer_parallel": max(levels)}}
+    wait_for_quiet("grammar compile costs", plan.quiet_wait_s)
+    results["compile"] = compile_costs(model)
+    with servers(model, binary, max(levels)) as running:
+        for server in running:
+            prepare(server)
+        results["first_request"] = first_request_latency(running, plan)
+        results["runs"] = run_workloads(running, plan, levels)
+    results["targets"] = structured_targets(results)
+    return results
+
+
+def prefix_tokens(url: str, text: str) -> int | None:
+    try:
+        response = httpx.post(url + "/tokenize", json={"content": text}, timeout=30)
+        return int(response.json()["count"])
+    except (httpx.HTTPError, ValueError, KeyError):
+        return None
+
+
+def run_real_client_part(args: argparse.Namespace, plan: Plan, model: Path, binary: Path | None) -> dict[str, Any]:
+    results: dict[str, Any] = {"meta": {**metadata(model, plan, binary), "clients": CLIENTS,
+                                        "requests": len(QUESTIONS), "peer_parallel": CLIENTS}}
+    with servers(model, binary, CLIENTS) as running:
+        results["meta"]["prefix_tokens"] = prefix_tokens(running[0].url, shared_prefix_text(PREFIX_RULES))
+        results.update(run_real_client(running, plan))
+    return results
+
+
+RUNNERS: dict[str, tuple[Callable[..., dict[str, Any]], Callable[[dict[str, Any]], str]]] = {
+    "structured": (run_structured, structured_markdown),
+    "real-client": (run_real_client_part, real_client_markdown),
+}
+
+
+def run_part(part: str, args: argparse.Namespace) -> str:
+    """Runs one part and writes results/PART.json and .md (PART with "_" for "-"); returns the Markdown."""
+    plan = Plan.make(args.quick, args.quiet_wait)
+    model = (args.model or default_model_path()).resolve()
+    binary = processes.find_llama_server(args.llama_server)
+    if binary is None:
+        logger.warning("llama-server not found: measuring ours only (see benchmarks/README.md)")
+    measure, render = RUNNERS[part]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    results = measure(args, plan, model, binary)
+    results["meta"]["loadavg_after"] = os.getloadavg()[0]
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = part.replace("-", "_")
+    (args.out / f"{stem}.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    markdown = render(results)
+    (args.out / f"{stem}.md").write_text(markdown, encoding="utf-8")
+    logger.info("wrote %s", args.out / f"{stem}.json")
+    return markdown
