@@ -3,8 +3,11 @@
 The KV model applies every op and every batch the scheduler hands out, and checks that they are
 coherent: a decode position is always the next free position of its sequence, a copy only
 copies positions its source really holds into an empty sequence, and a sequence's tokens are
-the ones the scheduler believes (`kv_tokens`, cache entries). The driver also checks the layout of
-every batch (`Driver.check_plan`): decode tokens first, prompt chunks never holding a prompt's last token.
+the ones the scheduler believes (`kv_tokens`, cache entries). Like llama.cpp's unified cache, a copy
+shares cells (the same cell objects) and a cell is free when nobody holds it, so the model counts the
+cells really in use, which must equal the scheduler's ledger and never exceed the context. The driver
+also checks the layout of every batch (`Driver.check_plan`): decode tokens first, prompt chunks never
+holding the last token of what a sequence must have before its next sample (`feed`).
 """
 
 from __future__ import annotations
@@ -14,24 +17,39 @@ from collections.abc import Callable
 from edge_llm.engine.scheduler import KvCopy, KvOp, KvRemove, Phase, Scheduler, Sequence, StepPlan
 
 
+class _Cell:
+    __slots__ = ("token",)
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+
 class KvModel:
     def __init__(self, n_seq_max: int) -> None:
         self.n_seq_max = n_seq_max
-        self.seqs: dict[int, list[int]] = {}
+        self.cells: dict[int, list[_Cell]] = {}  # seq id → its cells by position (shared after a copy)
         self.log: list[KvOp] = []
+
+    @property
+    def seqs(self) -> dict[int, list[int]]:
+        return {seq_id: [cell.token for cell in cells] for seq_id, cells in self.cells.items()}
+
+    @property
+    def cells_in_use(self) -> int:
+        return len({id(cell) for cells in self.cells.values() for cell in cells})
 
     def apply_ops(self, ops: list[KvOp]) -> None:
         for op in ops:
             self.log.append(op)
             if isinstance(op, KvRemove):
                 assert 0 <= op.seq_id < self.n_seq_max
-                self.seqs.pop(op.seq_id, None)
+                self.cells.pop(op.seq_id, None)
             elif isinstance(op, KvCopy):
                 assert op.src_seq != op.dst_seq
-                src = self.seqs.get(op.src_seq, [])
+                src = self.cells.get(op.src_seq, [])
                 assert len(src) >= op.length > 0, f"copy of {op.length} positions from a sequence holding {len(src)}"
-                assert not self.seqs.get(op.dst_seq), "copy into a sequence that still holds cells"
-                self.seqs[op.dst_seq] = list(src[: op.length])
+                assert not self.cells.get(op.dst_seq), "copy into a sequence that still holds cells"
+                self.cells[op.dst_seq] = list(src[: op.length])
             else:  # pragma: no cover - the scheduler has only two ops
                 raise AssertionError(op)
 
@@ -44,9 +62,9 @@ class KvModel:
         assert [i for i in range(n) if plan.logits[i]] == sorted(sample_indices), "logits only where sampled"
         for token, position, seq_id in zip(plan.tokens, plan.positions, plan.seq_ids):
             assert 0 <= seq_id < self.n_seq_max
-            cells = self.seqs.setdefault(seq_id, [])
+            cells = self.cells.setdefault(seq_id, [])
             assert position == len(cells), f"seq {seq_id}: position {position} but it holds {len(cells)}"
-            cells.append(token)
+            cells.append(_Cell(token))
 
 
 class Driver:
@@ -68,7 +86,7 @@ class Driver:
         if not plan.empty:
             self.kv.decode(plan, self.s.batch_size)
         for sequence, _ in plan.samples:
-            self.check_kv(sequence)
+            self.check_sample_point(sequence)
             token = self.sample(sequence)
             self.s.on_sampled(sequence, token)
             self.output.setdefault(sequence.request_id, []).append(token)
@@ -91,13 +109,13 @@ class Driver:
         assert len({q.seq_id for q, _ in plan.samples}) == n_decode
         for sequence, index in plan.samples:
             assert plan.seq_ids[index] == sequence.seq_id
-            assert plan.positions[index] == sequence.n_past - 1 >= len(sequence.prompt) - 1
-            if plan.positions[index] == len(sequence.prompt) - 1:
-                assert plan.tokens[index] == sequence.prompt[-1]
+            assert plan.positions[index] == sequence.n_past - 1 >= len(sequence.feed) - 1
+            if plan.positions[index] == len(sequence.feed) - 1:
+                assert plan.tokens[index] == sequence.feed[-1]
         for token, position, seq_id in list(zip(plan.tokens, plan.positions, plan.seq_ids))[n_decode:]:
-            prompt = owners[seq_id].prompt
-            assert position < len(prompt) - 1, "a prefill chunk holds the prompt's last token"
-            assert token == prompt[position]
+            feed = owners[seq_id].feed
+            assert position < len(feed) - 1, "a prefill chunk holds the feed's last token"
+            assert token == feed[position]
         assert plan.prefilled_tokens == n_prefill
 
     def finish(self, sequence: Sequence, *, keep_in_cache: bool = True) -> None:
@@ -119,10 +137,19 @@ class Driver:
     def kv_after_pending_ops(self) -> dict[int, list[int]]:
         """The KV cells as the next decode will find them: ops the scheduler has queued
         (removals, copies for followers) are applied before it."""
+        return self.future_kv().seqs
+
+    def future_kv(self) -> KvModel:
         future = KvModel(self.kv.n_seq_max)
-        future.seqs = {seq_id: list(cells) for seq_id, cells in self.kv.seqs.items()}
+        future.cells = {seq_id: list(cells) for seq_id, cells in self.kv.cells.items()}
         future.apply_ops(list(self.s._pending_ops))
-        return future.seqs
+        return future
+
+    def check_sample_point(self, sequence: Sequence) -> None:
+        """Where a sequence is sampled, its KV holds its prompt and then every token it generated, each once
+        (across preemptions too), and nothing else."""
+        self.check_kv(sequence)
+        assert sequence.kv_tokens == sequence.prompt + sequence.output, "a token is lost or doubled in the KV"
 
     def check_kv(self, sequence: Sequence) -> None:
         assert self.kv_after_pending_ops().get(sequence.seq_id, []) == sequence.kv_tokens
@@ -142,7 +169,8 @@ class Driver:
 
     def check_invariants(self) -> None:
         s = self.s
-        assert s.reserved_cells <= s.n_ctx
+        assert s.kv_cells_used == self.future_kv().cells_in_use, "the ledger differs from the cells in use"
+        assert s.kv_cells_used <= s.n_ctx
         assert len(s.running) <= s.parallel
         assert len(s.cache) <= s.cache_slots
         used = [q.seq_id for q in s.running] + list(s.cache)
@@ -157,11 +185,12 @@ class Driver:
             assert q.phase in (Phase.PREFILL, Phase.DECODE)
             # the prompt's last token is decoded in the same step the sequence turns to DECODE
             if q.phase is Phase.PREFILL:
-                assert q.n_past < len(q.prompt) and q.pending_token is None
+                assert q.n_past < len(q.feed) and q.pending_token is None
             else:
-                assert q.n_past >= len(q.prompt) and q.leader is None
+                assert q.n_past >= len(q.feed) and q.leader is None
             assert len(q.kv_tokens) == q.n_past
-            assert q.kv_tokens[: min(q.n_past, len(q.prompt))] == q.prompt[: q.n_past]
+            assert q.kv_tokens[: min(q.n_past, len(q.feed))] == q.feed[: q.n_past]
+            assert q.feed == q.prompt + q.output[: len(q.feed) - len(q.prompt)]
         # the KV model holds cells only for sequences that exist (after pending removals)
         pending_removed = {op.seq_id for op in s._pending_ops if isinstance(op, KvRemove)}
         for seq_id, cells in self.kv.seqs.items():

@@ -58,7 +58,7 @@ class FakeEngine:
         self.aborted.append(request_id)
 
     def stats(self) -> EngineStats:
-        return EngineStats(waiting=self.waiting, running=0, cached_sequences=0, kv_cells_reserved=0,
+        return EngineStats(waiting=self.waiting, running=0, cached_sequences=0, kv_cells_used=0,
                            kv_cells_total=64)
 
     def stop(self, timeout: float | None = None) -> bool:

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from edge_llm.api.sse import decode_events, encode_event
-from edge_llm.engine.scheduler import KvCopy, KvRemove, Phase, RequestTooLargeError, Scheduler
+from edge_llm.engine.scheduler import MAX_PREEMPTIONS, KvCopy, KvRemove, Phase, RequestTooLargeError, Scheduler
 from edge_llm.engine.text import OutputText, StopMatcher, Utf8Assembler
 
 from .scheduler_model import Driver
@@ -207,7 +207,7 @@ def engine_step(d: Driver, eog_mask: int) -> None:
         d.kv.decode(plan, d.s.batch_size)
     assert len(plan.tokens) <= d.s.batch_size
     for i, (sequence, _) in enumerate(plan.samples):
-        d.check_kv(sequence)
+        d.check_sample_point(sequence)
         if eog_mask >> (i % 8) & 1:
             d.finish(sequence)  # EOG: the engine finishes without on_sampled
             continue
@@ -287,7 +287,7 @@ def test_scheduler_invariants_over_random_operations(config, ops) -> None:
     s.clear_cache()
     d.flush_ops()
     assert sorted(s._free_seq_ids) == list(range(s.n_seq_max))
-    assert s.reserved_cells == 0
+    assert s.kv_cells_used == 0
     assert not any(d.kv.seqs.values()), "KV cells left behind"
 
 
@@ -304,16 +304,13 @@ def test_scheduler_completes_every_request_with_exactly_max_tokens(config, reque
             break
         running = list(s.running)
         # due to decode: a sampled token, or the prompt's last one once prompt[:-1] is in the KV cache
-        decoding = [
-            q for q in running
-            if (q.phase is Phase.DECODE and q.pending_token is not None)
-            or (q.phase is Phase.PREFILL and q.leader is None and q.n_past == len(q.prompt) - 1)
-        ]
+        decoding = [q for q in running if q.will_decode()]
         followers = [q for q in running if q.leader is not None]
         owners = {q.seq_id: q for q in running}
         plan = d.step()
         owners.update({q.seq_id: q for q in plan.admitted})
-        admitted_order.extend(plan.admitted)
+        admitted_order.extend(q for q in plan.admitted if q.preemptions == 0 and q not in admitted_order)
+        decoding = [q for q in decoding if q not in plan.preempted]
         d.check_invariants()
         d.check_coherent()
         # every sequence due to decode gets its token; the only others in the decode part are ones whose
@@ -324,16 +321,19 @@ def test_scheduler_completes_every_request_with_exactly_max_tokens(config, reque
         assert sampled == [q for q in running + plan.admitted if q in sampled], "decode part in running order"
         # decode tokens (a generated token or the prompt's last) come before any prompt chunk token
         n_decode = len(sampled)
-        is_prompt = [pos < len(owners[sid].prompt) - 1 for pos, sid in zip(plan.positions, plan.seq_ids)]
+        is_prompt = [pos < len(owners[sid].feed) - 1 for pos, sid in zip(plan.positions, plan.seq_ids)]
         assert is_prompt == [False] * n_decode + [True] * (len(is_prompt) - n_decode)
         assert plan.logits == [not p for p in is_prompt]
         events.update(["copy"] * sum(isinstance(o, KvCopy) for o in plan.kv_ops))
         events.update(["remove"] * sum(isinstance(o, KvRemove) for o in plan.kv_ops))
         events.update(["chunked"] * any(q.n_past < len(q.prompt) for q in s.running))
         events.update(["follower"] * any(q.leader is not None for q in s.running))
+        events.update(["preempted"] * len(plan.preempted))
     assert s.idle()
     assert admitted_order == seqs, "admission is FIFO"
     for q in seqs:
-        assert len(d.output[q.request_id]) == q.max_tokens
+        # every token once, across preemptions: the same tokens as an uninterrupted run would sample
+        assert d.output[q.request_id] == [1 + (g + len(q.prompt)) % 3 for g in range(q.max_tokens)]
+        assert q.preemptions <= MAX_PREEMPTIONS
     for name in events:
         event(name)

@@ -41,7 +41,8 @@ def test_chat_defaults() -> None:
     assert chat(top_k=0).sampling_params(DEFAULTS).top_k == 0  # an explicit 0 turns the default off
     assert params.ignore_eos is False and chat(ignore_eos=True).sampling_params(DEFAULTS).ignore_eos is True
     assert params.repeat_penalty == 1.0 and params.presence_penalty == 0.0
-    assert request.requested_max_tokens(DEFAULTS) == 128
+    assert request.requested_max_tokens(DEFAULTS) is None  # no max_tokens: until the answer ends or the context
+    assert chat(max_completion_tokens=7, max_tokens=9).requested_max_tokens(DEFAULTS) == 7
 
 
 def test_chat_explicit_values_override_defaults() -> None:

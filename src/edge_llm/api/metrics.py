@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from edge_llm.engine.types import EngineStats
@@ -107,7 +107,7 @@ class Metrics:
 
 
 class _LiveCollector(Collector):
-    """Gauges read at scrape time, so the engine thread pays nothing for them."""
+    """Gauges (and the engine's own counters) read at scrape time, so the engine thread pays nothing for them."""
 
     def __init__(self, engine_stats: Callable[[], EngineStats], server_state: Callable[[], ServerState]) -> None:
         self._engine_stats = engine_stats
@@ -116,7 +116,7 @@ class _LiveCollector(Collector):
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return iter(())  # dynamic: never checked for name clashes at registration
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         stats = self._engine_stats()
         state = self._server_state()
 
@@ -126,11 +126,19 @@ class _LiveCollector(Collector):
         yield gauge("edge_llm_queue_depth", "Requests waiting for a sequence.", stats.waiting)
         yield gauge("edge_llm_running_sequences", "Sequences being prefilled or decoded.", stats.running)
         yield gauge("edge_llm_cached_sequences", "Finished sequences kept for prefix reuse.", stats.cached_sequences)
-        yield gauge("edge_llm_kv_cells_reserved", "KV-cache cells reserved by running and cached sequences.",
-                    max(stats.kv_cells_reserved, 0))
+        yield gauge("edge_llm_kv_cells_used",
+                    "KV-cache cells held by running and cached sequences (a shared prefix counts once).",
+                    stats.kv_cells_used)
         yield gauge("edge_llm_kv_cells_total", "KV-cache size in cells (tokens).", stats.kv_cells_total)
-        usage = stats.kv_cells_reserved / stats.kv_cells_total if stats.kv_cells_total > 0 else 0.0
-        yield gauge("edge_llm_kv_cache_usage_ratio", "Reserved share of the KV cache (0..1).", max(usage, 0.0))
+        usage = stats.kv_cells_used / stats.kv_cells_total if stats.kv_cells_total > 0 else 0.0
+        yield gauge("edge_llm_kv_cache_usage_ratio", "Used share of the KV cache (0..1).", usage)
+        yield CounterMetricFamily("edge_llm_preemptions", "Running sequences put back in the queue to free KV "
+                                  "cells (they resume by recomputing).", value=stats.preemptions)
+        evictions = CounterMetricFamily("edge_llm_prefix_cache_evictions", "Prefix-cache entries dropped, by reason.",
+                                        labels=["reason"])
+        for reason, count in stats.evictions.items():
+            evictions.add_metric([reason], count)
+        yield evictions
         yield gauge("edge_llm_http_requests_in_flight", "HTTP requests being served (health and metrics excluded).",
                     state.in_flight)
         yield gauge("edge_llm_engine_alive", "1 while the engine thread runs.", int(state.alive))

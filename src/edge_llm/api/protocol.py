@@ -281,8 +281,10 @@ class ChatCompletionRequest(_GenerationFields):
     def to_messages(self) -> list[dict[str, Any]]:
         return [message.to_template() for message in self.messages]
 
-    def requested_max_tokens(self, defaults: SamplingDefaults) -> int:
-        return self.max_completion_tokens or self.max_tokens or defaults.max_tokens
+    def requested_max_tokens(self, defaults: SamplingDefaults) -> int | None:
+        """None: none was given, so the answer runs until it ends or the context is full (as OpenAI,
+        llama-server and vLLM do); `--default-max-tokens` is for the simple body and completions."""
+        return self.max_completion_tokens or self.max_tokens
 
     @property
     def logprob_count(self) -> int | None:

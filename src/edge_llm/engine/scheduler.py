@@ -1,15 +1,18 @@
 """The batch scheduler: pure bookkeeping, no llama.cpp.
 
-It decides, step by step, which tokens go into the next `llama_decode`:
-decode first (one token for every running sequence), then prompt chunks of admitted
-sequences up to the batch size. It admits waiting requests FIFO while a sequence slot
-and KV budget are free, reuses cached prefixes of finished sequences, and evicts
-those cache entries least-recently-used when their cells are needed.
+It decides, step by step, which tokens go into the next `llama_decode`: decode first (one token
+for every running sequence), then prompt chunks of admitted sequences up to the batch size. It
+admits waiting requests FIFO while a sequence slot and KV cells are free, reuses cached prefixes
+of finished sequences, and evicts those cache entries least-recently-used when their cells are
+needed.
 
-KV budget: every sequence is charged for every position it may hold (an active one for
-prompt + max_tokens, a cache entry for its tokens). Cells shared by `seq_cp` are charged
-to each holder, so the sum is an upper bound of the cells really in use and a decode can
-never run out of cells.
+KV cells are charged as they are filled, not reserved up front (`KvLedger`: cells shared by
+`seq_cp` count once). When a step needs more cells than are free, the prefix cache is evicted
+(LRU) first; then the most recently admitted running sequence is preempted: its cells are freed,
+it goes back to the head of the queue and later recomputes its prompt plus what it has generated
+(vLLM's recompute preemption), so its answer goes on where it stopped. A sequence preempted
+`max_preemptions` times is re-admitted only with room reserved for its whole answer and is never
+preempted again, so none starves.
 """
 
 from __future__ import annotations
@@ -18,6 +21,10 @@ import enum
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
+from edge_llm.engine.kv_ledger import KvLedger
+
+MAX_PREEMPTIONS = 3
+EVICTION_REASONS = ("cache_slots", "kv_cells", "covered", "cleared")
 
 class Phase(enum.Enum):
     WAITING = "waiting"
@@ -33,9 +40,13 @@ class Sequence:
     phase: Phase = Phase.WAITING
     seq_id: int = -1
     n_past: int = 0  # positions of this sequence already in the KV cache
-    cached_tokens: int = 0  # prompt positions reused from the prefix cache
-    generated: int = 0
+    cached_tokens: int = 0  # prompt positions reused from the prefix cache (at the first admission)
+    output: list[int] = field(default_factory=list)  # the tokens sampled so far
     pending_token: int | None = None  # sampled, not yet decoded
+    # What the KV must hold before the next sample: the prompt, or after a preemption the prompt and
+    # the output (the last token of `feed` is decoded on its own and gives the next sample).
+    feed: list[int] = field(default_factory=list)
+    preemptions: int = 0
     kv_tokens: list[int] = field(default_factory=list)  # the tokens at positions 0..n_past-1
     # A follower shares its first `shared` prompt positions with a running `leader` still prefilling
     # them; it copies them (KvCopy) once the leader has, instead of computing them twice.
@@ -44,11 +55,27 @@ class Sequence:
 
     def known_tokens(self) -> list[int]:
         """The tokens this sequence's KV holds or will hold once its prompt is prefilled."""
-        return self.prompt if self.phase is Phase.PREFILL else self.kv_tokens
+        return self.feed if self.phase is Phase.PREFILL else self.kv_tokens
+
+    @property
+    def generated(self) -> int:
+        return len(self.output)
 
     @property
     def reserved(self) -> int:
+        """The most cells this sequence can ever hold."""
         return len(self.prompt) + self.max_tokens
+
+    @property
+    def growth_left(self) -> int:
+        """Cells this sequence may still add to those it holds."""
+        return self.reserved - self.n_past
+
+    def will_decode(self) -> bool:
+        """It takes a decode token (and a new cell) in the next step."""
+        if self.phase is Phase.DECODE:
+            return self.pending_token is not None
+        return self.phase is Phase.PREFILL and self.leader is None and self.n_past == len(self.feed) - 1
 
 
 @dataclass(eq=False)
@@ -81,6 +108,7 @@ class StepPlan:
     logits: list[bool] = field(default_factory=list)
     samples: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, batch index)
     admitted: list[Sequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
     prefilled_tokens: int = 0
 
     @property
@@ -111,7 +139,8 @@ def common_prefix_length(a: tuple[int, ...] | list[int], b: list[int]) -> int:
 
 
 class Scheduler:
-    def __init__(self, *, n_ctx: int, batch_size: int, parallel: int, cache_slots: int) -> None:
+    def __init__(self, *, n_ctx: int, batch_size: int, parallel: int, cache_slots: int,
+                 max_preemptions: int = MAX_PREEMPTIONS) -> None:
         if batch_size < parallel:
             # Every running sequence's decode token must fit in one batch, or some would starve.
             raise ValueError(f"batch_size ({batch_size}) must be at least parallel ({parallel})")
@@ -119,9 +148,13 @@ class Scheduler:
         self.batch_size = batch_size
         self.parallel = parallel
         self.cache_slots = cache_slots
+        self.max_preemptions = max_preemptions
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.running: list[Sequence] = []  # in admission order: the last is the first to be preempted
         self.cache: OrderedDict[int, CacheEntry] = OrderedDict()  # seq_id → entry, least recent first
+        self.ledger = KvLedger()
+        self.preemptions = 0  # counters, read by other threads (ints, and a dict whose keys never change)
+        self.evictions: dict[str, int] = dict.fromkeys(EVICTION_REASONS, 0)
         self._free_seq_ids: list[int] = list(range(parallel + cache_slots))
         self._pending_ops: list[KvOp] = []
 
@@ -132,12 +165,25 @@ class Scheduler:
         return self.parallel + self.cache_slots
 
     @property
-    def reserved_cells(self) -> int:
-        return sum(s.reserved for s in self.running) + sum(len(e.tokens) for e in self.cache.values())
+    def kv_cells_used(self) -> int:
+        """Distinct KV cells held by running sequences and cache entries, after the queued KV ops."""
+        return self.ledger.used
+
+    @property
+    def free_cells(self) -> int:
+        return self.n_ctx - self.ledger.used
 
     @property
     def active_kv_tokens(self) -> int:
         return sum(s.n_past for s in self.running) + sum(len(e.tokens) for e in self.cache.values())
+
+    def pinned(self, sequence: Sequence) -> bool:
+        """Preempted often enough: re-admitted with room for its whole answer, never preempted again."""
+        return sequence.preemptions >= self.max_preemptions
+
+    def _pinned_growth(self, other_than: Sequence | None = None) -> int:
+        """Cells kept free for what pinned running sequences may still add."""
+        return sum(s.growth_left for s in self.running if self.pinned(s) and s is not other_than)
 
     def idle(self) -> bool:
         return not self.waiting and not self.running
@@ -152,6 +198,7 @@ class Scheduler:
                 f"{len(prompt)} prompt tokens + {max_tokens} new tokens exceed the context of {self.n_ctx}"
             )
         sequence = Sequence(request_id, list(prompt), max_tokens)
+        sequence.feed = sequence.prompt
         self.waiting.append(sequence)
         return sequence
 
@@ -174,17 +221,19 @@ class Scheduler:
 
     def clear_cache(self) -> None:
         while self.cache:
-            self._evict_oldest()
+            self._evict(next(iter(self.cache)), "cleared")
 
     # ---- stepping -----------------------------------------------------------------------
 
     def step(self) -> StepPlan:
-        """Admit what fits, then lay out the next batch: decode tokens first, then prompt chunks."""
+        """Admit what fits, make room for this step's tokens, then lay out the batch: decode tokens
+        first, then prompt chunks."""
         plan = StepPlan()
         plan.admitted = self._admit()
         for sequence in self.running:
             if sequence.leader is not None and sequence.leader.n_past >= sequence.shared:
                 self._copy_from_leader(sequence)
+        plan.preempted = self._make_room_for_step()
         plan.kv_ops, self._pending_ops = self._pending_ops, []
         for sequence in self.running:
             # The last prompt token is decoded on its own, like a generated one, never inside a prefill
@@ -193,16 +242,16 @@ class Scheduler:
             # batch layout and batch mates change this batch, so the logits differ in rounding. Only a
             # request that runs alone without the prefix cache (--parallel 1 --cache-slots 0) repeats
             # exactly (docs/architecture.md, Repeatability; issue #18).
-            if sequence.phase is Phase.PREFILL and sequence.leader is None \
-                    and sequence.n_past == len(sequence.prompt) - 1:
+            if sequence.will_decode() and sequence.phase is Phase.PREFILL:
                 sequence.phase = Phase.DECODE
-                sequence.pending_token = sequence.prompt[-1]
+                sequence.pending_token = sequence.feed[-1]
             if sequence.phase is Phase.DECODE and sequence.pending_token is not None:
                 token = sequence.pending_token
                 index = plan.add(token, sequence.n_past, sequence.seq_id, True)
                 sequence.kv_tokens.append(token)
                 sequence.n_past += 1
                 sequence.pending_token = None
+                self.ledger.grow(sequence.seq_id, 1)
                 plan.samples.append((sequence, index))
         room = self.batch_size - len(plan.tokens)
         for sequence in self.running:
@@ -210,19 +259,68 @@ class Scheduler:
                 break
             if sequence.phase is not Phase.PREFILL or sequence.leader is not None:
                 continue
-            chunk = sequence.prompt[sequence.n_past : min(sequence.n_past + room, len(sequence.prompt) - 1)]
+            cells = self.free_cells - self._pinned_growth(other_than=sequence)
+            end = min(sequence.n_past + room, sequence.n_past + max(cells, 0), len(sequence.feed) - 1)
+            chunk = sequence.feed[sequence.n_past : end]
             for offset, token in enumerate(chunk):
                 plan.add(token, sequence.n_past + offset, sequence.seq_id, False)
             sequence.kv_tokens.extend(chunk)
             sequence.n_past += len(chunk)
+            self.ledger.grow(sequence.seq_id, len(chunk))
             plan.prefilled_tokens += len(chunk)
             room -= len(chunk)
         return plan
 
     def on_sampled(self, sequence: Sequence, token: int) -> None:
         """The engine sampled `token` for `sequence`; it is decoded in the next step."""
-        sequence.generated += 1
+        sequence.output.append(token)
         sequence.pending_token = token
+
+    # ---- room for a step: evict the cache, then preempt --------------------------------------
+
+    def _cells_needed(self) -> int:
+        """Cells this step must have: one per decode token, or one prefill token when nothing decodes,
+        so that every step makes progress."""
+        decoding = sum(1 for s in self.running if s.will_decode())
+        if decoding:
+            return decoding
+        return 1 if any(s.phase is Phase.PREFILL and s.leader is None for s in self.running) else 0
+
+    def _make_room_for_step(self) -> list[Sequence]:
+        preempted: list[Sequence] = []
+        while self.free_cells < self._cells_needed():
+            if self.cache:
+                self._evict(next(iter(self.cache)), "kv_cells")
+                continue
+            victim = self._preemption_victim()
+            if victim is None:
+                break  # cannot happen while every request fits the context alone; the decode reports it
+            self._preempt(victim)
+            preempted.append(victim)
+        return preempted
+
+    def _preemption_victim(self) -> Sequence | None:
+        if len(self.running) < 2:
+            return None  # a sequence alone always fits: preempting it would only start it over
+        candidates = [s for s in self.running if not self.pinned(s)] or self.running[1:]
+        return candidates[-1]
+
+    def _preempt(self, sequence: Sequence) -> None:
+        """Frees `sequence`'s cells and puts it back first in the queue, to recompute what it had."""
+        self.running.remove(sequence)
+        self._release_followers(sequence)
+        self._release_seq_id(sequence.seq_id)
+        sequence.preemptions += 1
+        self.preemptions += 1
+        sequence.feed = sequence.prompt + sequence.output
+        sequence.phase = Phase.WAITING
+        sequence.seq_id = -1
+        sequence.n_past = 0
+        sequence.kv_tokens = []
+        sequence.pending_token = None
+        sequence.leader = None
+        sequence.shared = 0
+        self.waiting.appendleft(sequence)
 
     # ---- admission and the prefix cache ---------------------------------------------------
 
@@ -230,28 +328,57 @@ class Scheduler:
         admitted: list[Sequence] = []
         while self.waiting and len(self.running) < self.parallel:
             head = self.waiting[0]
-            match = self._best_prefix(head.prompt)
-            if not self._make_room(head.reserved, protect=match):
-                if match is None or not self._make_room(head.reserved, protect=None):
+            match = self._best_prefix(head.feed)
+            if not self._make_room(head, match):
+                if match is None or not self._make_room(head, None):
                     break  # FIFO: the head waits for running sequences to finish; nothing overtakes it
-                match = self._best_prefix(head.prompt)
+                match = self._best_prefix(head.feed)
             self.waiting.popleft()
             head.seq_id = self._free_seq_ids.pop(0)
             head.phase = Phase.PREFILL
-            lead = self._best_running_prefix(head.prompt)
+            lead = self._best_running_prefix(head)
             if lead is not None and (match is None or lead[1] > match[1]):
                 head.leader, head.shared = lead
                 if head.leader.n_past >= head.shared:
                     self._copy_from_leader(head)
             elif match is not None:
                 entry, length = match
-                self._pending_ops.append(KvCopy(entry.seq_id, head.seq_id, length))
+                self._queue_copy(entry.seq_id, head, length)
                 self.cache.move_to_end(entry.seq_id)
-                head.kv_tokens = list(entry.tokens[:length])
-                head.n_past = head.cached_tokens = length
             self.running.append(head)
             admitted.append(head)
         return admitted
+
+    def _admission_cells(self, head: Sequence, shared: int) -> int:
+        """Cells to keep free to admit `head`: what it computes of its feed, what running sequences still
+        prefill, room for their next decode tokens, and what pinned sequences (the head too, if it is one)
+        may add."""
+        if self.pinned(head):
+            own = head.reserved - shared
+        else:
+            own = len(head.feed) - shared + 1  # its feed, and its next token
+        return own + self._prompt_cells_to_come() + len(self.running) + self._pinned_growth()
+
+    def _prompt_cells_to_come(self) -> int:
+        """Cells that running sequences still prefilling will fill with the rest of their feed."""
+        return sum(len(s.feed) - max(s.n_past, s.shared) for s in self.running
+                   if s.phase is Phase.PREFILL and not self.pinned(s))  # (a pinned one's is in its growth)
+
+    def _make_room(self, head: Sequence, protect: tuple[CacheEntry, int] | None) -> bool:
+        """Evicts least-recently-used cache entries until `head` fits and a sequence id is free."""
+        protected = protect[0].seq_id if protect else None
+        lead = self._best_running_prefix(head)
+        shared = max(protect[1] if protect else 0, lead[1] if lead else 0)
+        needed = self._admission_cells(head, shared)
+        evictable = {seq_id for seq_id in self.cache if seq_id != protected}
+        if self.ledger.used_without(evictable) + needed > self.n_ctx:
+            return False  # only running sequences finishing can make room: evicting the cache would not help
+        while self.ledger.used + needed > self.n_ctx or not self._free_seq_ids:
+            victim = next((seq_id for seq_id in self.cache if seq_id != protected), None)
+            if victim is None:
+                return False
+            self._evict(victim, "kv_cells" if self._free_seq_ids else "cache_slots")
+        return True
 
     def _best_prefix(self, prompt: list[int]) -> tuple[CacheEntry, int] | None:
         best: tuple[CacheEntry, int] | None = None
@@ -262,20 +389,29 @@ class Scheduler:
                 best = (entry, length)
         return best
 
-    def _best_running_prefix(self, prompt: list[int]) -> tuple[Sequence, int] | None:
+    def _best_running_prefix(self, head: Sequence) -> tuple[Sequence, int] | None:
+        if self.pinned(head):
+            return None  # its room is counted without the leader's cells, which a preemption could take
         best: tuple[Sequence, int] | None = None
+        prompt = head.feed
         for sequence in self.running:
             length = min(common_prefix_length(sequence.known_tokens(), prompt), len(prompt) - 1)
             if length >= MIN_SHARED_PREFIX and (best is None or length > best[1]):
                 best = (sequence, length)
         return best
 
+    def _queue_copy(self, src_seq: int, dst: Sequence, length: int) -> None:
+        self._pending_ops.append(KvCopy(src_seq, dst.seq_id, length))
+        self.ledger.copy(src_seq, dst.seq_id, length)
+        dst.kv_tokens = list(dst.feed[:length])
+        dst.n_past = length
+        if dst.preemptions == 0:
+            dst.cached_tokens = min(length, len(dst.prompt))
+
     def _copy_from_leader(self, follower: Sequence) -> None:
         leader, length = follower.leader, follower.shared
         assert leader is not None
-        self._pending_ops.append(KvCopy(leader.seq_id, follower.seq_id, length))
-        follower.kv_tokens = list(follower.prompt[:length])
-        follower.n_past = follower.cached_tokens = length
+        self._queue_copy(leader.seq_id, follower, length)
         follower.leader = None
 
     def _release_followers(self, leader: Sequence) -> None:
@@ -287,42 +423,28 @@ class Scheduler:
                 else:
                     sequence.leader = None
 
-    def _make_room(self, cells: int, protect: tuple[CacheEntry, int] | None) -> bool:
-        """Evicts least-recently-used cache entries until `cells` and a sequence id are free."""
-        protected = protect[0].seq_id if protect else None
-        floor = sum(s.reserved for s in self.running) + (len(protect[0].tokens) if protect else 0)
-        if floor + cells > self.n_ctx:
-            return False  # only running sequences finishing can make room: evicting the cache would not help
-        while self.reserved_cells + cells > self.n_ctx or not self._free_seq_ids:
-            victim = next((seq_id for seq_id in self.cache if seq_id != protected), None)
-            if victim is None:
-                return False
-            self._evict(victim)
-        return True
-
     def _insert_cache_entry(self, entry: CacheEntry) -> None:
         for seq_id, other in list(self.cache.items()):
             if other.tokens == entry.tokens[: len(other.tokens)]:
-                self._evict(seq_id)  # the new entry holds everything the old one did
+                self._evict(seq_id, "covered")  # the new entry holds everything the old one did
             elif entry.tokens == other.tokens[: len(entry.tokens)]:
                 self._release_seq_id(entry.seq_id)  # an existing entry already covers this one
                 self.cache.move_to_end(seq_id)
                 return
         self.cache[entry.seq_id] = entry
         while len(self.cache) > self.cache_slots:
-            self._evict_oldest()
+            self._evict(next(iter(self.cache)), "cache_slots")
 
-    def _evict_oldest(self) -> None:
-        self._evict(next(iter(self.cache)))
-
-    def _evict(self, seq_id: int) -> None:
+    def _evict(self, seq_id: int, reason: str) -> None:
         del self.cache[seq_id]
+        self.evictions[reason] += 1
         self._release_seq_id(seq_id)
 
     def _release_seq_id(self, seq_id: int) -> None:
         if seq_id < 0:
             return
         self._pending_ops.append(KvRemove(seq_id))
+        self.ledger.drop(seq_id)
         self._free_seq_ids.append(seq_id)
 
     def take_pending_ops(self) -> list[KvOp]:
@@ -332,5 +454,3 @@ class Scheduler:
 
     def sequence_count(self) -> int:
         return len(self.running) + len(self.waiting)
-
-

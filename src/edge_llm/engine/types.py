@@ -79,8 +79,10 @@ class EngineStats:
     waiting: int
     running: int
     cached_sequences: int
-    kv_cells_reserved: int  # -1 when the prefix cache kept changing while it was summed
+    kv_cells_used: int  # distinct cells held by running and cached sequences (shared prefixes count once)
     kv_cells_total: int
+    preemptions: int = 0  # since start: running sequences put back in the queue to free KV cells
+    evictions: dict[str, int] = field(default_factory=dict)  # since start: prefix-cache entries dropped, by reason
 
 
 # What flows back on a request's reply channel, in order: TextDelta*, then Finished or Failed.

@@ -67,6 +67,8 @@ class _Active:
     last_token_at: float = 0.0
     deadline: float = float("inf")
     text_parts: list[str] | None = None  # the output, kept only for --log-prompts
+    preempted_at: float = 0.0  # when it was last put back in the queue (0: it is not there)
+    recompute_s: float = 0.0  # time spent queued again and recomputing after preemptions
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)  # tokens whose text is held back
 
 
@@ -180,22 +182,17 @@ class Engine:
         self._inbox.put(("crash", None))
 
     def stats(self) -> EngineStats:
-        """A snapshot read from another thread while the engine thread may be changing it."""
+        """A snapshot read from another thread while the engine thread may be changing it: every figure is
+        an int the engine thread replaces whole (the eviction counters' keys never change)."""
         scheduler = self._scheduler
-        for _ in range(5):
-            try:
-                reserved = scheduler.reserved_cells
-                break
-            except RuntimeError:  # the prefix cache changed while it was being summed
-                continue
-        else:
-            reserved = -1
         return EngineStats(
             waiting=len(self._waiting_ids),
             running=len(scheduler.running),
             cached_sequences=len(scheduler.cache),
-            kv_cells_reserved=reserved,
+            kv_cells_used=scheduler.kv_cells_used,
             kv_cells_total=scheduler.n_ctx,
+            preemptions=scheduler.preemptions,
+            evictions=dict(scheduler.evictions),
         )
 
     # ---- the engine thread ------------------------------------------------------------------
@@ -258,12 +255,19 @@ class Engine:
             observer = self.observer
             for sequence in plan.admitted:
                 active = self._active[sequence.request_id]
+                if sequence.preemptions:
+                    continue  # resumed: its admission was counted the first time
                 active.admitted_at = now
                 with self._lock:
                     self._waiting_ids.discard(sequence.request_id)
                 if observer is not None:
                     observer.request_admitted(sequence.request_id, now - active.submitted_at, len(sequence.prompt),
                                               sequence.cached_tokens)
+            for sequence in plan.preempted:
+                self._active[sequence.request_id].preempted_at = now
+                logger.info("preempted after %d tokens to free KV cells (%d free of %d); it resumes first",
+                            sequence.generated, scheduler.free_cells, scheduler.n_ctx,
+                            extra={"request_id": sequence.request_id})
             self.runner.apply_kv_ops(plan.kv_ops)
             if plan.empty:
                 continue
@@ -371,6 +375,9 @@ class Engine:
         elif observer is not None:
             observer.token_gap(now - active.last_token_at)
         active.last_token_at = now
+        if active.preempted_at:
+            active.recompute_s += now - active.preempted_at
+            active.preempted_at = 0.0
         if self.runner.is_end_of_generation(token):
             self._finish(active, FinishReason.STOP)
             return
@@ -414,6 +421,9 @@ class Engine:
             "prefill_ms": round((first - admitted) * 1000, 2),
             "decode_ms": round((now - first) * 1000, 2),
         }
+        if sequence.preemptions:
+            timings["preemptions"] = sequence.preemptions
+            timings["recompute_ms"] = round(active.recompute_s * 1000, 2)
         usage = Usage(len(sequence.prompt), sequence.generated, sequence.cached_tokens)
         if self.observer is not None:  # before Finished, so the HTTP side sees the record complete
             text = "".join(active.text_parts) if active.text_parts is not None else None

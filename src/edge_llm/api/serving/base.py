@@ -174,8 +174,9 @@ class Serving:
         train = info.n_ctx_train if info is not None and info.n_ctx_train > 0 else None
         return min(self.settings.ctx_size, train) if train else self.settings.ctx_size
 
-    def fit(self, prompt: list[int], max_tokens: int) -> int:
-        """The max_tokens a prompt gets: refused when it leaves no room, capped to what fits."""
+    def fit(self, prompt: list[int], max_tokens: int | None) -> int:
+        """The max_tokens a prompt gets: refused when it leaves no room, capped to what fits (all that fits
+        when `max_tokens` is None)."""
         check_prompt_tokens(self.settings, len(prompt))
         limit = self.context_limit
         if len(prompt) >= limit:
@@ -186,7 +187,8 @@ class Serving:
                 code="context_length_exceeded",
             )
         # Beyond what fits, max_tokens is capped; the answer then ends with finish_reason "length".
-        return min(cap_max_tokens(self.settings, max_tokens), limit - len(prompt))
+        room = limit - len(prompt)
+        return min(cap_max_tokens(self.settings, room if max_tokens is None else max_tokens), room)
 
     # ---- a request's life in the engine ------------------------------------------------------------
 
@@ -195,7 +197,7 @@ class Serving:
         prompts: list[list[int]],
         *,
         n: int,
-        max_tokens: int,
+        max_tokens: int | None,
         sampling: Callable[[int], SamplingParams],
         stop: tuple[str, ...],
         logprobs: int | None,

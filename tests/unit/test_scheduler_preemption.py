@@ -1,0 +1,265 @@
+"""KV cells on demand (engine/scheduler.py, engine/kv_ledger.py): shared prefixes count once, the prefix
+cache goes before any running sequence, and preemption by recompute loses and repeats nothing."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from edge_llm.engine.kv_ledger import KvLedger
+from edge_llm.engine.scheduler import MAX_PREEMPTIONS, KvRemove, Phase, RequestTooLargeError, Scheduler, Sequence
+
+from .scheduler_model import Driver
+
+
+def make(**config: int) -> Driver:
+    defaults = {"n_ctx": 1000, "batch_size": 64, "parallel": 4, "cache_slots": 0}
+    return Driver(Scheduler(**(defaults | config)))
+
+
+def run_until(d: Driver, condition, steps: int = 500) -> None:
+    for _ in range(steps):
+        if condition():
+            return
+        d.step(finish_at_max=False)
+    raise AssertionError("the condition never held")
+
+
+# ---- the ledger ---------------------------------------------------------------------------------
+
+
+def test_ledger_counts_a_shared_prefix_once() -> None:
+    ledger = KvLedger()
+    ledger.grow(0, 100)
+    ledger.copy(0, 1, 60)
+    ledger.copy(0, 2, 100)
+    ledger.grow(1, 5)
+    ledger.grow(2, 7)
+    assert ledger.used == 100 + 5 + 7
+    ledger.drop(0)
+    assert ledger.used == 100 + 5 + 7  # 2 still holds all 100
+    ledger.drop(2)
+    assert ledger.used == 60 + 5
+    assert ledger.used_without({1}) == 0
+    ledger.drop(1)
+    assert ledger.used == 0
+
+
+def test_ledger_never_grows_an_orphaned_block_under_a_reused_seq_id() -> None:
+    ledger = KvLedger()
+    ledger.grow(3, 10)
+    ledger.copy(3, 2, 4)
+    ledger.drop(3)  # seq id 3 is free again; 2 still holds 4 cells of 3's block
+    ledger.copy(2, 3, 1)
+    ledger.grow(3, 1)  # the new holder of id 3 computes its own cell
+    assert ledger.used == 4 + 1
+    assert ledger.length(3) == 2
+
+
+# ---- cells on demand ----------------------------------------------------------------------------
+
+
+def test_eight_chats_sharing_a_system_prompt_with_a_generous_max_tokens_all_run_at_once() -> None:
+    """The issue's case: a ~1,000-token system prompt, max_tokens 1024, an 8,192-cell context. Reserving
+    prompt + max_tokens let 4 run; filled cells, with the prefix counted once, let all 8."""
+    d = make(n_ctx=8192, batch_size=512, parallel=8, cache_slots=8)
+    system = list(range(10, 1010))
+    first = d.s.add("warm", system + [1, 2], 4)
+    d.run()
+    chats = [d.s.add(f"c{i}", system + [100 + i] * 10, 1024) for i in range(8)]
+    plan = d.step(finish_at_max=False)
+    assert plan.admitted == chats
+    assert all(q.cached_tokens == 1000 for q in chats)
+    run_until(d, lambda: all(q.generated >= 200 for q in chats))
+    d.check_invariants()
+    assert len(d.s.running) == 8 and not d.s.waiting and d.s.preemptions == 0
+    distinct = len(first.kv_tokens) + sum(q.n_past - 1000 for q in chats)
+    assert d.s.kv_cells_used == distinct < 8192 // 3
+
+
+def test_a_running_sequence_is_preempted_only_after_the_prefix_cache_is_gone() -> None:
+    d = make(n_ctx=64, batch_size=64, parallel=2, cache_slots=2)
+    d.s.add("old", [9] * 10, 1)
+    d.run()
+    assert d.s.kv_cells_used == 10
+    a = d.s.add("a", [1] * 20, 40)
+    b = d.s.add("b", [2] * 20, 40)
+    d.step(finish_at_max=False)
+    assert d.s.running == [a, b]
+    run_until(d, lambda: d.s.preemptions > 0 or not d.s.cache)
+    assert d.s.preemptions == 0 and not d.s.cache
+    assert d.s.evictions["kv_cells"] == 1
+    run_until(d, lambda: d.s.preemptions > 0)
+    d.check_invariants()
+
+
+def test_preemption_takes_the_newest_sequence_which_resumes_first_and_loses_nothing() -> None:
+    d = make(n_ctx=64, batch_size=64, parallel=3)
+    a = d.s.add("a", [1] * 10, 40)
+    b = d.s.add("b", [2] * 10, 40)
+    c = d.s.add("c", [3] * 10, 40)
+    d.step(finish_at_max=False)
+    assert d.s.running == [a, b, c]
+    for _ in range(200):
+        plan = d.step(finish_at_max=False)
+        if plan.preempted:
+            break
+    assert plan.preempted == [c]
+    assert c.phase is Phase.WAITING and c.preemptions == 1 and list(d.s.waiting) == [c]
+    assert KvRemove(2) in plan.kv_ops
+    assert c.feed == c.prompt + c.output  # what it recomputes: its prompt and everything it generated
+    late = d.s.add("late", [4] * 3, 5)
+    d.finish(a, keep_in_cache=False)
+    plan = d.step(finish_at_max=False)
+    assert plan.admitted[0] is c, "a preempted sequence resumes before new arrivals"
+    assert list(d.s.waiting) in ([late], [])
+    d.s.remove(late)
+    while not d.s.idle():
+        d.step()  # check_sample_point: prompt + every output token once, at every sample
+        d.check_invariants()
+    assert d.output["c"] == [1000 + g for g in range(40)]
+
+
+def test_the_oldest_sequence_is_never_preempted_and_a_lone_one_never() -> None:
+    d = make(n_ctx=48, batch_size=64, parallel=3)
+    seqs = [d.s.add(f"r{i}", [i + 1] * 8, 40 - 8) for i in range(3)]
+    while not d.s.idle():
+        d.step()
+        d.check_invariants()
+        assert seqs[0].preemptions == 0
+    assert d.s.preemptions > 0
+    assert all(d.output[q.request_id] == [1000 + g for g in range(q.max_tokens)] for q in seqs)
+
+
+def test_a_sequence_preempted_max_preemptions_times_is_never_preempted_again() -> None:
+    d = Driver(Scheduler(n_ctx=40, batch_size=64, parallel=4, cache_slots=0, max_preemptions=1))
+    seqs = [d.s.add(f"r{i}", [i + 1] * 6, 40 - 6) for i in range(4)]
+    while not d.s.idle():
+        plan = d.step()
+        d.check_invariants()
+        for q in plan.admitted:
+            if d.s.pinned(q):  # re-admitted with room for its whole answer
+                assert d.s.kv_cells_used + d.s._pinned_growth() <= d.s.n_ctx
+    assert max(q.preemptions for q in seqs) == 1
+    assert all(d.output[q.request_id] == [1000 + g for g in range(q.max_tokens)] for q in seqs)
+
+
+def test_a_request_that_can_never_fit_is_refused_before_decoding() -> None:
+    s = Scheduler(n_ctx=100, batch_size=16, parallel=2, cache_slots=0)
+    try:
+        s.add("big", [1] * 95, 6)
+    except RequestTooLargeError:
+        return
+    raise AssertionError("a request over the context was accepted")
+
+
+# ---- the state machine ----------------------------------------------------------------------------
+
+PREFIXES = ([], [1, 2, 3, 1, 2, 3], [2, 2, 2, 2, 2, 2, 2, 2, 3])
+
+
+def sample_token(sequence: Sequence) -> int:
+    return 1 + (sequence.generated + len(sequence.prompt)) % 3
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    """Random arrivals, prompt and answer lengths, early ends (an end token), cancellations and cache
+    clears on a small context, so that eviction and preemption happen often."""
+
+    @initialize(
+        n_ctx=st.integers(16, 80),
+        parallel=st.integers(1, 5),
+        extra_batch=st.integers(0, 16),
+        cache_slots=st.integers(0, 3),
+        max_preemptions=st.integers(0, MAX_PREEMPTIONS),
+    )
+    def setup(self, n_ctx: int, parallel: int, extra_batch: int, cache_slots: int, max_preemptions: int) -> None:
+        self.s = Scheduler(n_ctx=n_ctx, batch_size=parallel + extra_batch, parallel=parallel,
+                           cache_slots=cache_slots, max_preemptions=max_preemptions)
+        self.d = Driver(self.s, sample=sample_token)
+        self.added: list[Sequence] = []
+        self.ended: list[Sequence] = []
+
+    @rule(prefix=st.sampled_from(PREFIXES), tail=st.lists(st.integers(1, 3), min_size=1, max_size=12),
+          max_tokens=st.integers(1, 40))
+    def arrive(self, prefix: list[int], tail: list[int], max_tokens: int) -> None:
+        prompt = prefix + tail
+        if len(prompt) + max_tokens > self.s.n_ctx:
+            max_tokens = self.s.n_ctx - len(prompt)
+            if max_tokens < 1:
+                return
+        self.added.append(self.s.add(f"r{len(self.added)}", prompt, max_tokens))
+
+    @rule(steps=st.integers(1, 8), end_mask=st.integers(0, 255))
+    def step(self, steps: int, end_mask: int) -> None:
+        for _ in range(steps):
+            self._engine_step(end_mask)
+
+    @precondition(lambda self: self.s.waiting or self.s.running)
+    @rule(index=st.integers(0, 50), keep=st.booleans())
+    def cancel(self, index: int, keep: bool) -> None:
+        live = list(self.s.waiting) + list(self.s.running)
+        victim = live[index % len(live)]
+        self.s.remove(victim, keep_in_cache=keep)
+        self.ended.append(victim)
+
+    @rule()
+    def clear_cache(self) -> None:
+        self.s.clear_cache()
+
+    def _engine_step(self, end_mask: int) -> None:
+        d = self.d
+        plan = d.s.step()
+        d.plans.append(plan)
+        d.check_plan(plan)
+        d.kv.apply_ops(plan.kv_ops)
+        if not plan.empty:
+            d.kv.decode(plan, d.s.batch_size)
+        elif d.s.running:
+            raise AssertionError("a step with running sequences made no progress")
+        for i, (sequence, _) in enumerate(plan.samples):
+            d.check_sample_point(sequence)
+            if end_mask >> (i % 8) & 1 and sequence.generated:
+                d.finish(sequence)  # an end token: finished without on_sampled
+                self.ended.append(sequence)
+                continue
+            d.s.on_sampled(sequence, sample_token(sequence))
+            d.output.setdefault(sequence.request_id, []).append(sequence.pending_token)
+            if sequence.generated >= sequence.max_tokens:
+                d.finish(sequence)
+                self.ended.append(sequence)
+
+    @invariant()
+    def cells_and_places(self) -> None:
+        if not hasattr(self, "s"):
+            return
+        self.d.check_invariants()  # ledger == distinct cells in use <= context, seq ids, phases
+        self.d.check_coherent()
+        ended = {id(q) for q in self.ended}
+        for q in self.added:
+            assert (q in self.s.waiting) + (q in self.s.running) + (id(q) in ended) == 1, q
+            assert q.preemptions <= self.s.max_preemptions
+        assert [q for q in self.s.waiting if q.preemptions] == list(self.s.waiting)[: sum(
+            1 for q in self.s.waiting if q.preemptions)], "preempted sequences wait ahead of new arrivals"
+
+    def teardown(self) -> None:
+        if not hasattr(self, "s"):
+            return
+        for _ in range(5000):
+            if self.s.idle():
+                break
+            self._engine_step(0)
+            self.cells_and_places()
+        assert self.s.idle(), "every admitted sequence finishes or is cancelled"
+        for q in self.added:
+            produced = self.d.output.get(q.request_id, [])
+            assert produced == [1 + (g + len(q.prompt)) % 3 for g in range(len(produced))], "a token repeated or lost"
+            if q not in self.ended or (q.generated >= q.max_tokens):
+                assert len(produced) == q.max_tokens or q in self.ended
+
+
+SchedulerMachine.TestCase.settings = settings(
+    max_examples=300, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+test_scheduler_state_machine = SchedulerMachine.TestCase
