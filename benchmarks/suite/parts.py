@@ -24,7 +24,16 @@ from .measure import wait_for_quiet
 from .plan import RESULTS, THREADS, Plan
 from .real_client import CLIENTS, PREFIX_RULES, QUESTIONS, run_real_client
 from .run import git_commit
-from .structured import ANSWER_TOKENS, LEVELS, Server, compile_costs, first_request_latency, prepare, run_workloads
+from .structured import (
+    ANSWER_TOKENS,
+    LEVELS,
+    Server,
+    answer_openings,
+    compile_costs,
+    first_request_latency,
+    prepare,
+    run_workloads,
+)
 from .structured_report import OURS, PEER, real_client_markdown, structured_markdown, structured_targets
 
 logger = logging.getLogger(__name__)
@@ -69,6 +78,7 @@ def run_structured(args: argparse.Namespace, plan: Plan, model: Path, binary: Pa
     with servers(model, binary, max(levels)) as running:
         for server in running:
             prepare(server)
+        results["openings"] = answer_openings(running)
         results["first_request"] = first_request_latency(running, plan)
         results["runs"] = run_workloads(running, plan, levels)
     results["targets"] = structured_targets(results)

@@ -6,6 +6,7 @@ latency of a never-seen schema against a repeated one. The ratios and the report
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import statistics
 import time
@@ -14,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from edge_llm.cli import bench
 from edge_llm.cli.progress import ProgressBar
@@ -104,6 +107,26 @@ def prepare(server: Server) -> Server:
                                  extra_body=workload_body(workload))
         asyncio.run(bench.run_level(warm, 1, 1, [PROMPT], tag=f"warmup-{workload}"))
     return server
+
+
+def answer_openings(servers: Sequence[Server], tokens: int = 24) -> dict[str, dict[str, str]]:
+    """How each server's answer to each workload begins (not streamed): whether a grammar shaped it shows here,
+    e.g. a tool call that a server does not constrain for this model's chat template starts as free text."""
+    openings: dict[str, dict[str, str]] = {}
+    for server in servers:
+        openings[server.name] = {}
+        for workload in WORKLOADS:
+            body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": tokens, "temperature": 0,
+                    "model": server.model, **workload_body(workload)}
+            try:
+                message = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=600).json()[
+                    "choices"][0]["message"]
+                calls = message.get("tool_calls")
+                text = f"tool_calls: {json.dumps(calls)}" if calls else message.get("content") or ""
+            except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+                text = f"error: {exc}"
+            openings[server.name][workload] = text
+    return openings
 
 
 def requests_for(clients: int, plan: Plan) -> int:

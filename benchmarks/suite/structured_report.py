@@ -101,6 +101,12 @@ def _targets_table(checks: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _cell(text: str, limit: int = 90) -> str:
+    """Text in a table cell: one line, pipes escaped, cut at `limit` characters."""
+    text = text.replace("\\", "\\\\").replace("\n", "\\n").replace("|", "\\|").replace("`", "'")
+    return f"`{text[:limit]}`"
+
+
 def _meta_line(meta: dict[str, Any]) -> str:
     return (f"{meta['date']} · model `{meta['model']}` · {meta['threads']} threads · {meta['cpus']} CPUs · "
             f"commit `{meta['commit']}`{' · **quick run**' if meta.get('quick') else ''} · peer: "
@@ -141,6 +147,13 @@ def structured_markdown(results: dict[str, Any]) -> str:
         lines.append(f"| {server} | {first['trials']} | {fmt(first['fresh_median_s'], 1000, 1)} | "
                      f"{fmt(first['repeated_median_s'], 1000, 1)} | {fmt(first['extra_median_s'], 1000, 1)} | "
                      f"{pct(first.get('neighbour_cpu'))} |")
+    openings = results.get("openings") or {}
+    if openings:
+        lines += ["", "## How the answers begin (24 tokens, not streamed)", "", "| workload | "
+                  + " | ".join(openings) + " |", "|---|" + "---|" * len(openings)]
+        for workload in next(iter(openings.values())):
+            cells = [_cell(openings[server].get(workload, "")) for server in openings]
+            lines.append(f"| {workload} | " + " | ".join(cells) + " |")
     lines += ["", "## Targets (issue 14)", "", *_targets_table(results["targets"])]
     if any(check.get("disturbed") for check in results["targets"]):
         lines += ["", f"⚠: measured while other processes used more than {DISTURBED:.0%} of the CPUs."]

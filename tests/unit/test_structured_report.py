@@ -35,7 +35,8 @@ def results(peer: bool = True) -> dict:
     data = {"meta": meta, "runs": runs,
             "compile": [{"grammar": "g", "chars": 10, "convert_ms": 1.0, "compile_ms": 0.2, "clone_ms": 0.01}],
             "first_request": {"ours": {**structured.first_request_summary([0.2, 0.3], [0.1, 0.1]),
-                                       "neighbour_cpu": 0.0}}}
+                                       "neighbour_cpu": 0.0}},
+            "openings": {"ours": {"tool_call": '<tool_call>\n{"name"'}, "llama-server": {"tool_call": "```json\n|"}}}
     data["targets"] = sr.structured_targets(data)
     return data
 
@@ -76,6 +77,7 @@ def test_targets_of_issue_14() -> None:
 def test_the_markdown_shows_every_row_and_says_when_the_peer_is_missing() -> None:
     text = sr.structured_markdown(results())
     assert text.count("| json_schema |") == 2 and "| 100.0 |" in text  # the fresh schema's extra ms
+    assert r"""| tool_call | `<tool_call>\n{"name"` | `'''json\n\|` |""" in text  # one line each, escaped
     assert "llama-server not found" in sr.structured_markdown(results(peer=False))
 
 
