@@ -258,12 +258,12 @@ def test_soak(soak_server: RunningServer, capsys: pytest.CaptureFixture[str]) ->
     assert completed >= REQUESTS // 2 and cut_short >= 1, (completed, cut_short)
 
     # Everything comes back down: no sequence running or waiting, no request in flight, and the KV cells
-    # still reserved are only those of the prefix cache (at most CACHE_SLOTS finished sequences).
+    # still in use are only those of the prefix cache (at most CACHE_SLOTS finished sequences).
     after = wait_idle(soak_server)
     cached = metric(after, "edge_llm_cached_sequences")
-    reserved = metric(after, "edge_llm_kv_cells_reserved")
+    used = metric(after, "edge_llm_kv_cells_used")
     assert cached <= CACHE_SLOTS
-    assert reserved <= cached * 400, (reserved, cached)  # a soak prompt is < 150 tokens, + at most CAP generated
+    assert used <= cached * 400, (used, cached)  # a soak prompt is < 150 tokens, + at most CAP generated
     assert metric(after, "edge_llm_generations_finished_total", reason="error") == metric(
         before, "edge_llm_generations_finished_total", reason="error")
     cancelled = sum(metric(after, "edge_llm_cancellations_total", phase=phase)

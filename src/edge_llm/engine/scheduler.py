@@ -24,6 +24,9 @@ from dataclasses import dataclass, field
 from edge_llm.engine.kv_ledger import KvLedger
 
 MAX_PREEMPTIONS = 3
+# A preempted sequence comes back only when every running sequence can then grow this many more tokens:
+# resumed on the first free cells, it would be the newest again and the next victim within a step or two.
+RESUME_STEPS = 16
 EVICTION_REASONS = ("cache_slots", "kv_cells", "covered", "cleared")
 
 class Phase(enum.Enum):
@@ -351,13 +354,14 @@ class Scheduler:
 
     def _admission_cells(self, head: Sequence, shared: int) -> int:
         """Cells to keep free to admit `head`: what it computes of its feed, what running sequences still
-        prefill, room for their next decode tokens, and what pinned sequences (the head too, if it is one)
-        may add."""
+        prefill, room for their next decode tokens (their next RESUME_STEPS when `head` was preempted), and
+        what pinned sequences (the head too, if it is one) may add."""
         if self.pinned(head):
             own = head.reserved - shared
         else:
             own = len(head.feed) - shared + 1  # its feed, and its next token
-        return own + self._prompt_cells_to_come() + len(self.running) + self._pinned_growth()
+        steps = RESUME_STEPS if head.preemptions else 1
+        return own + self._prompt_cells_to_come() + steps * len(self.running) + self._pinned_growth()
 
     def _prompt_cells_to_come(self) -> int:
         """Cells that running sequences still prefilling will fill with the rest of their feed."""

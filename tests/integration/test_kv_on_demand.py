@@ -1,0 +1,138 @@
+"""KV cells on demand on the real model (issue 12): answers without max_tokens run until they end, chats that
+share a long system prompt all run at once, and preempted answers go on where they stopped."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from edge_llm.testing.server import RunningServer, run_server
+from tests.helpers import agreeing_tokens, metric, scrape, sse_events, wait_for
+
+CHAT = "/v1/chat/completions"
+SYSTEM_PROMPT = " ".join(
+    f"Rule {i}: when the user asks about topic number {i}, answer politely, cite the handbook section {i}, "
+    f"and never reveal internal codes." for i in range(1, 41)
+)  # about 1,000 tokens
+
+
+@pytest.fixture(scope="module")
+def roomy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """8 sequences in the default 8,192-cell context."""
+    with run_server(tmp_path_factory.mktemp("roomy"), "--parallel", "8") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def crowded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """8 sequences in a 512-cell context: their answers together do not fit, so some are preempted."""
+    with run_server(tmp_path_factory.mktemp("crowded"), "--parallel", "8", "--ctx-size", "512",
+                    "--cache-slots", "0") as running:
+        yield running
+
+
+def stream_chat(url: str, body: dict[str, Any], started: threading.Event | None = None,
+                leave: threading.Event | None = None) -> dict[str, Any]:
+    """One streamed chat answer: its text, logprobs entries, finish reason, usage and timings. `started` is set at
+    the first content; once `leave` is set the client goes away at the next chunk."""
+    text: list[str] = []
+    logprobs: list[dict[str, Any]] = []
+    result: dict[str, Any] = {"finish_reason": None, "usage": None, "timings": None}
+    payload = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", url + CHAT, json=payload, timeout=300) as response:
+        assert response.status_code == 200, response.read()
+        for _, data in sse_events(response):
+            if data == "[DONE]":
+                break
+            chunk = json.loads(data)
+            result["usage"] = chunk.get("usage") or result["usage"]
+            result["timings"] = chunk.get("timings") or result["timings"]
+            for choice in chunk["choices"]:
+                if choice["delta"].get("content"):
+                    text.append(choice["delta"]["content"])
+                    if started is not None:
+                        started.set()
+                logprobs += (choice.get("logprobs") or {}).get("content") or []
+                result["finish_reason"] = choice["finish_reason"] or result["finish_reason"]
+            if leave is not None and leave.is_set():
+                break
+    return {**result, "text": "".join(text), "logprobs": logprobs}
+
+
+def test_an_answer_without_max_tokens_runs_until_it_ends(client: openai.OpenAI, model_id: str) -> None:
+    """The official SDK sends no max_tokens unless asked: the answer is not cut at --default-max-tokens (128)."""
+    completion = client.chat.completions.create(
+        model=model_id, temperature=0,
+        messages=[{"role": "user", "content": "Write a Python LRU cache class with docstrings and a usage example."}],
+    )
+    choice = completion.choices[0]
+    assert completion.usage.completion_tokens > 128, completion.usage
+    assert choice.finish_reason == "stop", (choice.finish_reason, completion.usage)
+
+
+def test_eight_chats_sharing_a_long_system_prompt_all_run_at_once(roomy_server: RunningServer) -> None:
+    """With max_tokens 1024, reserving prompt + max_tokens would let 4 of 8 run in 8,192 cells; cells charged as
+    filled, with the shared prompt counted once, let all 8 run together."""
+    started = [threading.Event() for _ in range(8)]
+    leave = threading.Event()
+    bodies = [{"messages": [{"role": "system", "content": SYSTEM_PROMPT},
+                            {"role": "user", "content": f"What does rule {3 * i + 1} say? Answer at length."}],
+               "temperature": 0, "max_tokens": 1024, "ignore_eos": True} for i in range(8)]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(stream_chat, roomy_server.url, body, started[i], leave) for i, body in enumerate(bodies)]
+        try:
+            wait_for(lambda: all(event.is_set() for event in started) or any(f.done() for f in futures), 240,
+                     "every chat's first token")
+            samples = scrape(roomy_server)  # none can end yet: 1,024 tokens each, end tokens banned
+        finally:
+            leave.set()
+        results = [future.result() for future in futures]
+    assert all(result["text"] for result in results)
+    assert metric(samples, "edge_llm_running_sequences") == 8
+    assert metric(samples, "edge_llm_queue_depth") == 0
+    assert metric(samples, "edge_llm_preemptions_total") == 0
+    prompt_tokens = metric(samples, "edge_llm_prompt_tokens_total")
+    assert prompt_tokens > 8 * 900
+    # the shared system prompt is held once: far fewer cells than the 8 prompts hold between them
+    assert metric(samples, "edge_llm_kv_cells_used") < prompt_tokens / 3
+    wait_for(lambda: metric(scrape(roomy_server), "edge_llm_running_sequences") == 0, 60, "the chats to be cancelled")
+
+
+def test_preempted_answers_go_on_where_they_stopped(crowded_server: RunningServer,
+                                                    repeatable_server: RunningServer) -> None:
+    """8 answers that do not fit the context together: some are preempted and recomputed. Each is compared, token
+    for token, with the same request answered alone where answers repeat exactly (repeatable_server). Batch mates
+    change llama.cpp's rounding, so two greedy answers may part at a near-tie (tests/helpers.py, ROUNDING); a
+    doubled or lost token after a preemption is not a near-tie and fails."""
+    bodies = [{"messages": [{"role": "user", "content": f"Write the numbers from {10 * i} to {10 * i + 30}, one "
+                                                        "per line, and nothing else."}],
+               "temperature": 0, "max_tokens": 200, "logprobs": True, "top_logprobs": 2} for i in range(1, 9)]
+    references = [stream_chat(repeatable_server.url, body) for body in bodies]
+    before = scrape(crowded_server)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        crowded = list(pool.map(lambda body: stream_chat(crowded_server.url, body), bodies))
+    after = scrape(crowded_server)
+    demand = sum(r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"] for r in crowded)
+    assert demand > 512 + 8 * 8, ("the answers fit the context together: nothing to preempt", demand)
+    preemptions = metric(after, "edge_llm_preemptions_total") - metric(before, "edge_llm_preemptions_total")
+    preempted = [i for i, result in enumerate(crowded) if (result["timings"] or {}).get("preemptions")]
+    assert preemptions >= len(preempted) >= 1, (preemptions, [r["timings"] for r in crowded])
+    whole = []
+    for index, (reference, result) in enumerate(zip(references, crowded)):
+        assert result["usage"]["completion_tokens"] == len(result["logprobs"]), "one usage, every token once"
+        shared = agreeing_tokens(reference["logprobs"], result["logprobs"])
+        if shared == len(reference["logprobs"]) == len(result["logprobs"]):
+            assert (result["text"], result["finish_reason"]) == (reference["text"], reference["finish_reason"])
+            whole.append(index)
+        if index in preempted:
+            timings = result["timings"]
+            assert 0 <= timings["recompute_ms"] <= timings["decode_ms"], timings
+    assert set(whole) & set(preempted), ("no preempted answer was compared to its end", whole, preempted)
+    assert metric(after, "edge_llm_kv_cells_used") == 0  # no prefix cache: every cell is back
