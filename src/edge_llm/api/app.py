@@ -28,6 +28,7 @@ from edge_llm.api.protocol import (
     SimplePromptRequest,
     TokenizeRequest,
 )
+from edge_llm.api.protocol_infill import InfillRequest
 from edge_llm.api.routes import debug_router, router
 from edge_llm.api.security import ApiKeyAuth, HostGuard, load_api_keys, warn_if_exposed
 from edge_llm.api.serving import build_serving
@@ -139,8 +140,8 @@ def _document_request_schemas(app: FastAPI) -> None:
         if app.openapi_schema is None:
             schema = original()
             components = schema.setdefault("components", {}).setdefault("schemas", {})
-            for model in (ChatCompletionRequest, SimplePromptRequest, CompletionRequest, TokenizeRequest,
-                          DetokenizeRequest):
+            for model in (ChatCompletionRequest, SimplePromptRequest, CompletionRequest, InfillRequest,
+                          TokenizeRequest, DetokenizeRequest):
                 definition = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 components.update(definition.pop("$defs", {}))
                 components[model.__name__] = definition

@@ -299,7 +299,7 @@ class CompletionRequest(_GenerationFields):
     """The legacy text completion: the prompt is raw text, no chat template."""
 
     prompt: str | list[str] = Field(min_length=1)
-    suffix: str | None = None
+    suffix: str | None = None  # text after the insertion point: fill-in-the-middle with the model's FIM tokens
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     best_of: int | None = Field(None, ge=1, le=MAX_CHOICES)
@@ -316,8 +316,6 @@ class CompletionRequest(_GenerationFields):
 
     @model_validator(mode="after")
     def _check_unsupported(self) -> CompletionRequest:
-        if self.suffix:
-            raise ValueError("suffix (insertion) is not supported by this server")
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of other than n is not supported")
         if len(self.prompts) * self.n > MAX_CHOICES:

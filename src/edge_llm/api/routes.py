@@ -16,7 +16,14 @@ from edge_llm.api.protocol import (
     ModelCard,
     ModelList,
 )
-from edge_llm.api.serving import ChatServing, CompletionServing, ModelServing, Serving, TokenizationServing
+from edge_llm.api.serving import (
+    ChatServing,
+    CompletionServing,
+    InfillServing,
+    ModelServing,
+    Serving,
+    TokenizationServing,
+)
 from edge_llm.engine.facade import EngineClient
 
 router = APIRouter()
@@ -61,6 +68,16 @@ async def chat_completions(request: Request) -> Response:
 )
 async def completions(request: Request) -> Response:
     return await _serving(request, CompletionServing).completions(request)
+
+
+@router.post(
+    "/infill",
+    responses={**_ERRORS, 200: {"content": {"text/event-stream": {}}}},
+    openapi_extra=_json_body("InfillRequest"),
+    summary="Fill-in-the-middle for editors, llama-server's /infill (llama.vscode, llama.vim)",
+)
+async def infill(request: Request) -> Response:
+    return await _serving(request, InfillServing).infill(request)
 
 
 @router.post(

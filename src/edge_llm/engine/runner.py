@@ -10,6 +10,7 @@ import ctypes
 import json
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +21,14 @@ from llama_cpp.llama_grammar import json_schema_to_gbnf
 from edge_llm.engine.grammar import CompiledGrammars, GrammarError, check_grammar_limits, check_schema_limits
 from edge_llm.engine.greedy import GreedyPicker
 from edge_llm.engine.scheduler import KvCopy, KvOp, KvRemove, StepPlan
-from edge_llm.engine.types import ModelInfo, OutOfCellsError, SamplingExhausted, SamplingParams, TokenLogprob
+from edge_llm.engine.types import (
+    FimTokens,
+    ModelInfo,
+    OutOfCellsError,
+    SamplingExhausted,
+    SamplingParams,
+    TokenLogprob,
+)
 
 logger = logging.getLogger(__name__)
 _llama_logger = logging.getLogger("edge_llm.llama_cpp")
@@ -203,7 +211,20 @@ class LlamaRunner:
             add_bos=add_bos,
             bos_token=bos if add_bos and bos >= 0 else None,
             metadata=self._metadata(),
+            fim=self._fim_tokens(),
         )
+
+    def _fim_tokens(self) -> FimTokens | None:
+        def token(read: Callable[[llama_cpp.llama_vocab_p], int]) -> int | None:
+            value = read(self._vocab)
+            return value if 0 <= value < self._n_vocab else None
+
+        prefix, suffix, middle = (token(llama_cpp.llama_vocab_fim_pre), token(llama_cpp.llama_vocab_fim_suf),
+                                  token(llama_cpp.llama_vocab_fim_mid))
+        if prefix is None or suffix is None or middle is None:
+            return None
+        return FimTokens(prefix, suffix, middle, token(llama_cpp.llama_vocab_fim_rep),
+                         token(llama_cpp.llama_vocab_fim_sep))
 
     def _metadata(self) -> dict[str, str]:
         result: dict[str, str] = {}

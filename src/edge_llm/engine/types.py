@@ -55,6 +55,17 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class FimTokens:
+    """The model's fill-in-the-middle control tokens (llama.cpp's vocab FIM ids); None where it has none."""
+
+    prefix: int
+    suffix: int
+    middle: int
+    repo: int | None = None  # before the repository name
+    file_sep: int | None = None  # before each file's name
+
+
+@dataclass(frozen=True)
 class ModelInfo:
     """Facts about the loaded model, read once when it is loaded."""
 
@@ -70,6 +81,7 @@ class ModelInfo:
     add_bos: bool
     bos_token: int | None  # the BOS token to put first, None when the model adds none
     metadata: dict[str, str]
+    fim: FimTokens | None = None  # None: the model was not trained for fill-in-the-middle
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -29,6 +29,7 @@ from edge_llm.engine.types import (
     EngineError,
     EngineUnavailableError,
     Failed,
+    FimTokens,
     Finished,
     GenerationRequest,
     SamplingParams,
@@ -166,6 +167,25 @@ class Serving:
         except EngineUnavailableError as exc:
             raise engine_unavailable(exc) from None
 
+    def plain_tokens(self, text: str) -> list[int]:
+        """Text as plain text: control-token spellings in it stay text (runs in the tokenizer thread)."""
+        return self.engine.tokenize(text, add_special=False, parse_special=False)
+
+    def bos_token(self) -> int | None:
+        info = self.engine.model_info
+        return info.bos_token if info is not None else None
+
+    def fim_tokens(self, param: str) -> FimTokens:
+        """The model's fill-in-the-middle tokens, or a 400 that says the model has none."""
+        info = self.engine.model_info
+        if info is None:
+            raise engine_unavailable(EngineUnavailableError("the model is not loaded yet"))
+        if info.fim is None:
+            raise invalid_request(f"The model '{self.model_id}' has no fill-in-the-middle tokens (FIM prefix, "
+                                  "suffix and middle), so it cannot complete between a prefix and a suffix",
+                                  param=param, code="fim_not_supported")
+        return info.fim
+
     # ---- prompts in the context ------------------------------------------------------------------
 
     @property
@@ -231,7 +251,8 @@ class Serving:
     def headers(generation: Generation) -> dict[str, str]:
         return {"x-request-id": generation.request_id}
 
-    def stream(self, generation: Generation, events: AsyncIterator[bytes]) -> EventStreamResponse:
+    def stream(self, generation: Generation, events: AsyncIterator[bytes],
+               headers: dict[str, str] | None = None) -> EventStreamResponse:
         """An SSE response of `events`; the generation is aborted when it ends early (a disconnect, an error)."""
 
         async def guarded() -> AsyncIterator[bytes]:
@@ -243,7 +264,7 @@ class Serving:
 
         return EventStreamResponse(
             guarded(),
-            headers=self.headers(generation),
+            headers=headers or self.headers(generation),
             on_disconnect=lambda: self.abort(generation),
             keepalive_interval=self.settings.sse_keepalive,
         )
@@ -266,7 +287,12 @@ class Serving:
                     raise failure_error(event)
             return results
 
-        result = asyncio.ensure_future(gather())
+        return await self.while_connected(request, generation, gather())
+
+    async def while_connected(self, request: Request, generation: Generation, work: Awaitable[T]) -> T:
+        """The result of `work` (reading the generation's answer); the generation is aborted when the client
+        leaves first."""
+        result = asyncio.ensure_future(work)
         watcher = asyncio.ensure_future(_until_disconnected(request))
         try:
             await asyncio.wait({result, watcher}, return_when=asyncio.FIRST_COMPLETED)

@@ -1,5 +1,6 @@
 """POST /v1/completions, OpenAI's legacy text completion: the prompt is raw text (no chat template), one or
-several prompts, `echo`, and the legacy logprobs shape."""
+several prompts, `echo`, and the legacy logprobs shape. With `suffix` (an insertion, as Continue and other editor
+plugins send it), each prompt is the text before the cursor, laid out with the model's FIM tokens."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from edge_llm.api.protocol import CompletionRequest, new_completion_id
 from edge_llm.api.serving.base import ChoiceResult, Generation, Serving, error_body, piece_text
 from edge_llm.api.sse import encode_json_event
 from edge_llm.engine.types import Failed, Finished, TextDelta, TokenLogprob
+from edge_llm.prompting.fim import infill_prompt, suffix_echo_stop
 
 logger = logging.getLogger(__name__)
 
@@ -23,13 +25,20 @@ class CompletionServing(Serving):
     async def completions(self, request: Request) -> Response:
         completion = await self.read(request, CompletionRequest)
         self.check_logit_bias(completion.logit_bias)
-        prompts = [await self.off_loop(self._tokenize_raw, text) for text in completion.prompts]
+        if completion.suffix is not None:
+            fim = self.fim_tokens("suffix")
+            budget = completion.requested_max_tokens(self.defaults)
+            prompts = [await self.off_loop(lambda text=text: infill_prompt(
+                self.plain_tokens, fim, prefix=text, suffix=completion.suffix or "", n_predict=budget,
+                n_ctx=self.context_limit, bos=self.bos_token())) for text in completion.prompts]
+        else:
+            prompts = [await self.off_loop(self._tokenize_raw, text) for text in completion.prompts]
         generation = self.start(
             prompts,
             n=completion.n,
             max_tokens=completion.requested_max_tokens(self.defaults),
             sampling=lambda choice: completion.sampling_params(self.defaults, choice),
-            stop=completion.stop_strings(),
+            stop=completion.stop_strings() + suffix_echo_stop(completion.suffix or ""),
             logprobs=completion.logprobs,
         )
         echo = [text if completion.echo else "" for text in completion.prompts]

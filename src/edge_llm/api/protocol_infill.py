@@ -1,0 +1,81 @@
+"""llama-server's `/infill` request, as editor plugins (llama.vscode, llama.vim) send it.
+
+Unlike the OpenAI bodies, unknown fields are ignored rather than refused, as llama-server does: the plugins
+send llama-server's whole parameter set (`samplers`, `id_slot`, `t_max_prompt_ms`, …). The ignored names are
+reported back in the `X-Edge-LLM-Ignored-Fields` header. Errors use the server's one error envelope.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from edge_llm.api.protocol import SamplingDefaults
+from edge_llm.engine.types import SamplingParams
+
+MAX_EXTRA_FILES = 64
+MAX_STOP_STRINGS = 16
+
+
+class ExtraChunk(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    text: str
+    filename: str = Field("tmp", max_length=1024)
+
+
+class InfillRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    input_prefix: str
+    input_suffix: str
+    input_extra: list[ExtraChunk] = Field(default_factory=list, max_length=MAX_EXTRA_FILES)
+    prompt: str = ""  # text placed after the prefix, at the cursor (llama.vim sends the typed part of the line)
+    n_predict: int = Field(-1, ge=-1)  # -1: until the middle ends or the context is full
+    max_tokens: int | None = Field(None, ge=1)  # an alias of n_predict, as llama-server accepts
+    n_indent: int = Field(0, ge=0, le=1024)
+    t_max_predict_ms: float = Field(0, ge=0)
+    t_max_prompt_ms: float = Field(0, ge=0)  # accepted; prompts here are never cut short
+    stream: bool = False
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0, le=1000)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    seed: int | None = Field(None, ge=-1, le=2**64 - 1)  # -1: a random seed, as in llama-server
+    repeat_penalty: float | None = Field(None, gt=0.0, le=10.0)
+    stop: list[str] = Field(default_factory=list, max_length=MAX_STOP_STRINGS)
+    cache_prompt: bool = True  # the prefix cache is always used; accepted for the plugins
+    response_fields: list[str] | None = Field(None, max_length=64)
+
+    @field_validator("stop")
+    @classmethod
+    def _no_empty_stop(cls, value: list[str]) -> list[str]:
+        if any(not s for s in value):
+            raise ValueError("stop strings must not be empty")
+        return value
+
+    @property
+    def ignored_fields(self) -> list[str]:
+        return sorted(self.model_extra or {})
+
+    @property
+    def warm_only(self) -> bool:
+        """n_predict 0: only the prompt is computed (llama.vim warms the prefix cache with its context chunks)."""
+        return self.max_tokens is None and self.n_predict == 0
+
+    def requested_max_tokens(self) -> int | None:
+        if self.max_tokens is not None:
+            return self.max_tokens
+        if self.warm_only:
+            return 1  # the prompt's KV stays in the prefix cache; the one token is not sent
+        return None if self.n_predict == -1 else self.n_predict
+
+    def sampling_params(self, defaults: SamplingDefaults) -> SamplingParams:
+        return SamplingParams(
+            temperature=defaults.temperature if self.temperature is None else self.temperature,
+            top_p=defaults.top_p if self.top_p is None else self.top_p,
+            top_k=defaults.top_k if self.top_k is None else self.top_k,
+            min_p=self.min_p or 0.0,
+            seed=None if self.seed is None or self.seed < 0 else self.seed & 0xFFFFFFFF,
+            repeat_penalty=self.repeat_penalty or 1.0,
+        )

@@ -1,0 +1,176 @@
+"""POST /infill, llama-server's fill-in-the-middle endpoint for editors (llama.vscode, llama.vim).
+
+The prompt is laid out with the model's own FIM tokens (prompting/fim.py); the answer is llama-server's
+completion shape (`content`, `stop`, `tokens_predicted`, `tokens_cached`, `timings`, …), streamed as `data:`
+events of the same shape without a `[DONE]`, as llama-server does. The editor rules `n_indent` and
+`t_max_predict_ms` end a completion early; the engine request is then aborted like a disconnect.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from edge_llm.api.protocol_infill import InfillRequest
+from edge_llm.api.serving.base import Generation, Serving, error_body, failure_error
+from edge_llm.api.sse import encode_json_event
+from edge_llm.engine.types import Failed, Finished, FinishReason, TextDelta
+from edge_llm.prompting.fim import EditorCut, ExtraFile, infill_prompt, suffix_echo_stop
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Progress:
+    """One infill answer as it streams: what was sent, how it ended."""
+
+    content: list[str] = field(default_factory=list)
+    tokens: int = 0
+    finished: Finished | None = None
+    cut: bool = False
+
+
+class InfillServing(Serving):
+    async def infill(self, request: Request) -> Response:
+        body = await self.read(request, InfillRequest)
+        fim = self.fim_tokens("input_prefix")
+        max_tokens = body.requested_max_tokens()
+        n_predict = max_tokens if max_tokens is not None else self.settings.default_max_tokens
+        extra = [ExtraFile(chunk.filename, chunk.text) for chunk in body.input_extra]
+        prompt = await self.off_loop(
+            lambda: infill_prompt(self.plain_tokens, fim, prefix=body.input_prefix, suffix=body.input_suffix,
+                                  prompt=body.prompt, extra=extra, n_predict=n_predict, n_ctx=self.context_limit,
+                                  bos=self.bos_token()))
+        generation = self.start([prompt], n=1, max_tokens=max_tokens,
+                                sampling=lambda _: body.sampling_params(self.defaults),
+                                stop=tuple(body.stop) + suffix_echo_stop(body.input_suffix), logprobs=None)
+        headers = self.headers(generation)
+        if body.ignored_fields:
+            headers["x-edge-llm-ignored-fields"] = ",".join(body.ignored_fields)
+            logger.debug("infill fields ignored: %s", ", ".join(body.ignored_fields))
+        cut = EditorCut(body.n_indent, body.t_max_predict_ms, body.input_suffix)
+        if body.stream:
+            return self.stream(generation, self._events(generation, body, cut), headers=headers)
+        progress = await self.while_connected(request, generation, self._drain(generation, body, cut))
+        return JSONResponse(self._final(generation, body, progress), headers=headers)
+
+    # ---- the answer as it streams ---------------------------------------------------------------
+
+    async def _pieces(self, generation: Generation, body: InfillRequest, cut: EditorCut,
+                      progress: _Progress) -> AsyncIterator[str]:
+        """The content as it may be sent, after the editor rules; `progress` has how it ended."""
+        started = 0.0  # the first token's arrival: t_max_predict_ms counts generation time, as llama-server does
+        async for _, event in generation.channel.choice_events():
+            if isinstance(event, TextDelta):
+                if body.warm_only or progress.cut:
+                    continue  # after a cut: the engine's Finished (with usage and timings) is on its way
+                progress.tokens = event.token_count
+                started = started or time.monotonic()
+                text = cut.feed(event.text, (time.monotonic() - started) * 1000)
+                if text:
+                    progress.content.append(text)
+                    yield text
+                if cut.cut:
+                    progress.cut = True
+                    self.abort(generation)
+            elif isinstance(event, Finished):
+                progress.finished = event
+                tail = "" if body.warm_only or progress.cut else cut.finish()
+                if tail:
+                    progress.content.append(tail)
+                    yield tail
+                return
+            elif isinstance(event, Failed):
+                raise _Failure(event)
+
+    async def _drain(self, generation: Generation, body: InfillRequest, cut: EditorCut) -> _Progress:
+        progress = _Progress()
+        try:
+            async for _ in self._pieces(generation, body, cut, progress):
+                pass
+        except _Failure as failure:
+            self.abort(generation)
+            raise failure_error(failure.failed) from None
+        return progress
+
+    async def _events(self, generation: Generation, body: InfillRequest, cut: EditorCut) -> AsyncIterator[bytes]:
+        progress = _Progress()
+        prompt_tokens = generation.prompt_lengths[0]
+        try:
+            async for text in self._pieces(generation, body, cut, progress):
+                yield encode_json_event({"index": 0, "content": text, "tokens": [], "stop": False, "id_slot": -1,
+                                         "tokens_predicted": progress.tokens, "tokens_evaluated": prompt_tokens})
+        except _Failure as failure:
+            yield encode_json_event(error_body(failure.failed))
+            return
+        yield encode_json_event(self._final(generation, body, progress, streamed=True))
+
+    def _final(self, generation: Generation, body: InfillRequest, progress: _Progress, *,
+               streamed: bool = False) -> dict[str, Any]:
+        finished = progress.finished
+        prompt_tokens = generation.prompt_lengths[0]
+        cached = finished.usage.cached_tokens if finished is not None else 0
+        predicted = 0 if body.warm_only else progress.tokens
+        timings = finished.timings if finished is not None else {}
+        prompt_ms = float(timings.get("prefill_ms", 0.0))
+        predicted_ms = float(timings.get("decode_ms", 0.0))
+        result = {
+            "index": 0,
+            "content": "" if streamed else "".join(progress.content),
+            "tokens": [],
+            "id_slot": -1,
+            "stop": True,
+            "model": self.model_id,
+            "tokens_predicted": predicted,
+            "tokens_evaluated": prompt_tokens,
+            "has_new_line": "\n" in "".join(progress.content),
+            "truncated": False,
+            "stop_type": _stop_type(finished, progress.cut),
+            "stopping_word": "",
+            "tokens_cached": cached,
+            "timings": {
+                "cache_n": cached,
+                "prompt_n": prompt_tokens - cached,
+                "prompt_ms": prompt_ms,
+                "prompt_per_token_ms": prompt_ms / max(prompt_tokens - cached, 1),
+                "prompt_per_second": (prompt_tokens - cached) / (prompt_ms / 1000) if prompt_ms else 0.0,
+                "predicted_n": predicted,
+                "predicted_ms": predicted_ms,
+                "predicted_per_token_ms": predicted_ms / max(predicted, 1),
+                "predicted_per_second": predicted / (predicted_ms / 1000) if predicted_ms else 0.0,
+            },
+        }
+        return _select(result, body.response_fields) if body.response_fields else result
+
+
+class _Failure(Exception):
+    def __init__(self, failed: Failed) -> None:
+        super().__init__(failed.message)
+        self.failed = failed
+
+
+def _stop_type(finished: Finished | None, cut: bool) -> str:
+    if cut or finished is None:
+        return "limit"
+    return {FinishReason.STOP: "eos", FinishReason.LENGTH: "limit"}.get(finished.reason, "none")
+
+
+def _select(result: dict[str, Any], paths: list[str]) -> dict[str, Any]:
+    """llama-server's `response_fields`: only the named fields, nested ones by `a/b` paths, under those names."""
+    selected: dict[str, Any] = {}
+    for path in paths:
+        value: Any = result
+        for key in path.split("/"):
+            if not isinstance(value, dict) or key not in value:
+                break
+            value = value[key]
+        else:
+            selected[path] = value
+    return selected
+

@@ -1,0 +1,121 @@
+"""Fill-in-the-middle on the default Coder model: llama-server's /infill and /v1/completions with `suffix`."""
+
+from __future__ import annotations
+
+import ast
+import json
+from typing import Any
+
+import httpx
+import openai
+
+from edge_llm.testing.server import RunningServer
+from tests.helpers import metric, scrape, sse_events, wait_for
+
+SIGNATURE = "def add_numbers(a, b):\n    "
+CALL_SITE = "\n\nprint(add_numbers(2, 3))\n"
+CONTROL_SPELLINGS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|file_sep|>",
+                     "<|repo_name|>", "<|endoftext|>")
+
+
+def infill(server: RunningServer, **fields: Any) -> httpx.Response:
+    return httpx.post(server.url + "/infill", json={"temperature": 0, "n_predict": 64, **fields}, timeout=300)
+
+
+def test_a_function_body_is_filled_between_its_signature_and_a_call_site(server: RunningServer) -> None:
+    response = infill(server, input_prefix=SIGNATURE, input_suffix=CALL_SITE,
+                      samplers=["top_k", "top_p", "infill"], id_slot=0)  # llama.vscode's extra fields
+    assert response.status_code == 200, response.text
+    assert response.headers["x-edge-llm-ignored-fields"] == "id_slot,samplers"
+    result = response.json()
+    content = result["content"]
+    assert result["stop"] is True and result["tokens_predicted"] >= 1 and result["tokens_evaluated"] > 10
+    assert "return" in content
+    ast.parse(SIGNATURE + content + CALL_SITE)  # the middle makes the file valid Python again
+    assert not any(spelling in content for spelling in CONTROL_SPELLINGS)
+    assert set(result["timings"]) >= {"prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "cache_n"}
+
+
+def test_completions_with_a_suffix_fill_the_middle(client: openai.OpenAI, model_id: str) -> None:
+    completion = client.completions.create(model=model_id, prompt=SIGNATURE, suffix=CALL_SITE, max_tokens=64,
+                                           temperature=0)
+    text = completion.choices[0].text
+    assert "return" in text
+    ast.parse(SIGNATURE + text + CALL_SITE)
+    assert not any(spelling in text for spelling in CONTROL_SPELLINGS)
+
+
+def test_repository_context_changes_the_completion(server: RunningServer) -> None:
+    helper = {"filename": "pricing.py", "text": "def total_price_with_vat(prices):\n    return sum(prices) * 1.2\n"}
+    body = {"input_prefix": "from pricing import *\n\nprices = [3, 4, 5]\n# the total with VAT\ntotal = ",
+            "input_suffix": "\nprint(total)\n", "n_predict": 24}
+    alone = infill(server, **body).json()["content"]
+    informed = infill(server, **body, input_extra=[helper]).json()["content"]
+    assert "total_price_with_vat" in informed, informed
+    assert informed != alone
+
+
+def test_control_token_spellings_in_the_code_are_text_and_never_come_back(server: RunningServer) -> None:
+    prefix = "MARKERS = ['<|fim_middle|>', '<|file_sep|>']\n\ndef count_markers(text):\n    "
+    response = infill(server, input_prefix=prefix, input_suffix="\n", n_predict=32)
+    assert response.status_code == 200, response.text
+    result = response.json()
+    # Read as control tokens, the two spellings would be 2 tokens; as text they are many more.
+    tokens = httpx.post(server.url + "/tokenize", json={"content": prefix, "parse_special": False}).json()["tokens"]
+    assert result["tokens_evaluated"] >= len(tokens)
+    assert "<|endoftext|>" not in result["content"] and "<|fim_pad|>" not in result["content"]
+
+
+def test_n_indent_ends_the_completion_where_the_code_leaves_the_block(server: RunningServer) -> None:
+    prefix = "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n        "
+    result = infill(server, input_prefix=prefix, input_suffix="\n", n_predict=96, n_indent=8).json()
+    lines = result["content"].split("\n")
+    assert all(not line.strip() or len(line) - len(line.lstrip(" \t")) >= 8 for line in lines[1:]), lines
+    if result["stop_type"] == "limit" and result["tokens_predicted"] < 96:
+        assert lines[-1].strip() == ""  # cut at a dedent: the line's indentation stays, its text does not
+
+
+def test_a_stale_completion_is_cancelled_and_the_next_keystroke_reuses_the_file(server: RunningServer) -> None:
+    """An editor drops the request of the previous keystroke when the next one comes: the engine frees that
+    sequence, and the next request finds the file's tokens in the prefix cache."""
+    source = "".join(f"def function_{i}(value):\n    return value * {i} + {i % 7}\n\n" for i in range(60))
+    prefix = source + "numbers = [\n    1,\n    2,\n"
+    before = scrape(server)
+    with httpx.stream("POST", server.url + "/infill", timeout=300,
+                      json={"input_prefix": prefix, "input_suffix": "]\n", "n_predict": 400, "temperature": 0,
+                            "stream": True}) as response:
+        assert response.status_code == 200
+        for _, data in sse_events(response):
+            first = json.loads(data)
+            assert first["stop"] is False and first["content"]
+            break  # the editor moves on: the connection closes
+
+    def cancelled() -> bool:
+        samples = scrape(server)
+        return (metric(samples, "edge_llm_running_sequences") == 0
+                and sum(metric(samples, "edge_llm_cancellations_total", phase=p) for p in ("queued", "prefill", "decode"))
+                > sum(metric(before, "edge_llm_cancellations_total", phase=p) for p in ("queued", "prefill", "decode")))
+
+    wait_for(cancelled, 120, "the stale completion to be cancelled")
+    result = infill(server, input_prefix=prefix + "    3", input_suffix="]\n", n_predict=8).json()
+    assert result["tokens_evaluated"] > 1000
+    assert result["tokens_cached"] >= result["tokens_evaluated"] - 16, result
+    assert result["timings"]["cache_n"] == result["tokens_cached"]
+
+
+def test_warm_up_requests_compute_the_prompt_and_return_nothing(server: RunningServer) -> None:
+    """llama.vim sends its ring of context chunks with n_predict 0 to fill the prefix cache."""
+    body = {"input_prefix": "import os\n\n" + "# a comment line\n" * 40, "input_suffix": "\n", "n_predict": 0}
+    warm = infill(server, **body).json()
+    assert (warm["content"], warm["tokens_predicted"]) == ("", 0)
+    again = infill(server, **{**body, "n_predict": 4}).json()
+    assert again["tokens_cached"] >= again["tokens_evaluated"] - 2
+
+
+def test_bad_infill_bodies_get_the_error_envelope(server: RunningServer) -> None:
+    for body in ({"input_suffix": "x"}, {"input_prefix": 1, "input_suffix": ""},
+                 {"input_prefix": "", "input_suffix": "", "input_extra": [{"filename": "a"}]},
+                 {"input_prefix": "", "input_suffix": "", "n_predict": -5}):
+        response = httpx.post(server.url + "/infill", json=body, timeout=30)
+        assert response.status_code == 400, (body, response.text)
+        assert set(response.json()["error"]) == {"message", "type", "param", "code"}

@@ -1,0 +1,126 @@
+"""Fill-in-the-middle prompts and the editor's stop rules (prompting/fim.py), with a toy tokenizer."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edge_llm.engine.types import FimTokens
+from edge_llm.prompting.fim import FIM_WINDOW, EditorCut, ExtraFile, infill_prompt, suffix_echo_stop
+
+PRE, SUF, MID, REP, SEP = 1001, 1002, 1003, 1004, 1005
+QWEN_LIKE = FimTokens(PRE, SUF, MID, repo=REP, file_sep=SEP)
+BARE = FimTokens(PRE, SUF, MID)
+
+
+def chars(text: str) -> list[int]:
+    """One token per character: a tokenizer whose output is easy to read back."""
+    return [ord(c) for c in text]
+
+
+def text_of(tokens: list[int]) -> str:
+    names = {PRE: "<PRE>", SUF: "<SUF>", MID: "<MID>", REP: "<REP>", SEP: "<SEP>"}
+    return "".join(names.get(t, chr(t)) for t in tokens)
+
+
+def test_the_layout_is_llama_servers_repository_pattern() -> None:
+    tokens = infill_prompt(chars, QWEN_LIKE, prefix="def f():\n    ", suffix="\nf()\n", prompt="ret",
+                           extra=[ExtraFile("a.py", "A=1\n"), ExtraFile("b.py", "B=2\n")], n_predict=16, n_ctx=8192)
+    assert text_of(tokens) == ("<REP>myproject\n<SEP>a.py\nA=1\n<SEP>b.py\nB=2\n<SEP>filename\n"
+                               "<PRE>def f():\n    ret<SUF>\nf()\n<MID>")
+
+
+def test_a_model_without_repository_tokens_gets_snippet_separators_and_a_bos() -> None:
+    tokens = infill_prompt(chars, BARE, prefix="x = ", suffix="", extra=[ExtraFile("a.py", "A")], n_predict=4,
+                           n_ctx=8192, bos=7)
+    assert text_of(tokens) == "\n\n--- snippet ---\n\nA" + chr(7) + "<PRE>x = <SUF><MID>"
+
+
+def test_control_token_spellings_in_code_stay_text() -> None:
+    seen: list[str] = []
+
+    def tokenize(text: str) -> list[int]:
+        seen.append(text)
+        return chars(text)
+
+    tokens = infill_prompt(tokenize, QWEN_LIKE, prefix="s = '<|fim_middle|>'", suffix="", n_predict=4, n_ctx=8192)
+    assert tokens.count(MID) == 1 and tokens[-1] == MID  # only the layout's own
+    assert "s = '<|fim_middle|>'" in seen
+
+
+def test_long_prefix_keeps_its_end_and_long_suffix_its_beginning() -> None:
+    prefix = "p" * 5000 + "END"
+    suffix = "START" + "s" * 5000
+    tokens = infill_prompt(chars, BARE, prefix=prefix, suffix=suffix, prompt="ab", n_predict=16, n_ctx=8192)
+    text = text_of(tokens)
+    body_prefix = text[text.index("<PRE>") + 5:text.index("<SUF>")]
+    body_suffix = text[text.index("<SUF>") + 5:text.index("<MID>")]
+    assert body_prefix.endswith("ENDab") and len(body_prefix) == 3 * FIM_WINDOW // 4 + 2
+    assert body_suffix.startswith("START") and len(body_suffix) == FIM_WINDOW // 4 - (2 + 2)
+
+
+def test_repository_context_is_cut_to_what_the_context_leaves_keeping_its_newest_part() -> None:
+    extra = [ExtraFile(f"f{i}.py", "x" * 1000) for i in range(10)]
+    tokens = infill_prompt(chars, QWEN_LIKE, prefix="a", suffix="b", extra=extra, n_predict=100, n_ctx=4096)
+    head = tokens[:tokens.index(PRE)]
+    assert len(head) == 4096 - FIM_WINDOW - 2 * 100
+    assert text_of(head).endswith("<SEP>filename\n")
+
+
+def test_suffix_echo_stop_is_a_fence_and_the_first_distinctive_line() -> None:
+    assert suffix_echo_stop("\n\nprint(fibonacci(10))\n") == ("\n```", "\nprint(fibonacci(10))")
+    assert suffix_echo_stop("\n    return total  \n") == ("\n```", "\n    return total")
+    assert suffix_echo_stop("\n}\n") == ("\n```",)  # too common to end on
+    assert suffix_echo_stop("   \n") == ("\n```",)
+
+
+def test_a_line_that_starts_writing_the_suffix_again_ends_the_middle() -> None:
+    cut = EditorCut(suffix="\n\nprint(add_numbers(2, 3))\n")
+    parts = ["return a", " + b\n", "\n", "print(add_", "numbers(5, 7))\n", "more\n"]
+    assert feed_all(cut, parts) == "return a + b\n\n"
+    assert cut.cut
+
+
+def test_a_markdown_fence_ends_the_middle_and_other_lines_stream_as_they_come() -> None:
+    cut = EditorCut(suffix="\nprint(x)\n")
+    assert cut.feed("x = 1\n", 0) == "x = 1\n"
+    assert cut.feed("y", 0) == "y"  # cannot start a fence or the suffix: sent at once
+    assert cut.feed(" = 2\n`", 0) == " = 2\n"  # held: may be a fence
+    assert cut.feed("``\nThis code", 0) == ""
+    assert cut.cut
+
+
+def feed_all(cut: EditorCut, parts: list[str], times: list[float] | None = None) -> str:
+    times = times or [0.0] * len(parts)
+    return "".join(cut.feed(part, at) for part, at in zip(parts, times)) + cut.finish()
+
+
+def test_n_indent_cuts_at_the_first_line_left_of_the_block_keeping_its_indentation() -> None:
+    cut = EditorCut(n_indent=4)
+    assert feed_all(cut, ["x = 1\n", "    ", "y = 2\n  ", "z", " = 3\n"]) == "x = 1\n    y = 2\n  "
+    assert cut.cut
+
+
+def test_n_indent_lets_deeper_lines_through_and_never_checks_the_first_line() -> None:
+    cut = EditorCut(n_indent=4)
+    assert feed_all(cut, ["a\n", "    b\n", "        c", "\n"]) == "a\n    b\n        c\n"
+    assert not cut.cut
+
+
+def test_t_max_predict_ms_ends_at_the_first_newline_after_the_budget() -> None:
+    cut = EditorCut(t_max_predict_ms=10)
+    out = [cut.feed(part, at) for part, at in [("a", 1), ("b\n", 5), ("c", 20), ("d\ne", 30), ("f", 40)]]
+    assert out == ["a", "b\n", "c", "d\ne", ""] and cut.cut
+
+
+@settings(max_examples=300)
+@given(st.lists(st.sampled_from(["a", "b ", " ", "  ", "\t", "\n", "x\n", "    y", "\n  "]), max_size=30),
+       st.integers(0, 6))
+def test_editor_cut_sends_a_prefix_of_the_text_and_holds_nothing_back_in_the_end(parts: list[str],
+                                                                                 n_indent: int) -> None:
+    cut = EditorCut(n_indent=n_indent)
+    sent = feed_all(cut, parts)
+    whole = "".join(parts)
+    assert whole.startswith(sent)
+    if not cut.cut:
+        assert sent == whole
