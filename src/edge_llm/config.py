@@ -131,6 +131,10 @@ class Settings(BaseSettings):
         30.0, ge=0, description="Seconds a client may leave a response unread before it is disconnected and "
         "its sequence freed (0 disables)."
     )
+    strict_params: bool = Field(
+        False, description="Refuse unknown request fields with a 400 instead of ignoring them (they are named in "
+        "the X-Edge-LLM-Ignored-Fields response header)."
+    )
     sse_keepalive: float = Field(
         15.0, ge=0, description="Seconds a stream may send nothing (queued, prefilling) before it gets an SSE "
         "`: keep-alive` comment, so proxies that cut idle connections keep it open (0 disables)."

@@ -212,6 +212,11 @@ WRONG_TYPES: dict[str, list[Any]] = {
                            [{"type": "function", "function": {"name": "f"}}] * 129],
     "tool_choice": [5, ["auto"], "sometimes", {"type": "function", "function": {"name": "missing"}}, True],
     "parallel_tool_calls": NOT_A_BOOL,
+    "n_predict": NOT_AN_INTEGER + [-2],
+    "grammar": [5, [1], {"k": 1}, ""],  # (grammars that do not parse: test_llama_dialect.py)
+    "json_schema": NOT_AN_OBJECT,
+    "cache_prompt": NOT_A_BOOL,
+    "n_probs": NOT_AN_INTEGER + [-1, 21],
 }
 SIMPLE_WRONG_TYPES: dict[str, list[Any]] = {
     "prompt": NOT_A_STRING + ["", "   "],

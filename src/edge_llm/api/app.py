@@ -28,7 +28,8 @@ from edge_llm.api.protocol import (
     SimplePromptRequest,
     TokenizeRequest,
 )
-from edge_llm.api.protocol_infill import InfillRequest
+from edge_llm.api.protocol_llama import InfillRequest
+from edge_llm.api.protocol_anthropic import CountTokensRequest, MessagesRequest
 from edge_llm.api.routes import debug_router, router
 from edge_llm.api.security import ApiKeyAuth, HostGuard, load_api_keys, warn_if_exposed
 from edge_llm.api.serving import build_serving
@@ -119,7 +120,7 @@ def create_app(
             CORSMiddleware,
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST", "OPTIONS"],
-            allow_headers=["Authorization", "Content-Type", "X-Request-Id"],
+            allow_headers=["Authorization", "Content-Type", "X-Request-Id", "X-Api-Key", "Anthropic-Version"],
             expose_headers=["X-Request-Id", "Retry-After"],
         )
     app.add_middleware(HostGuard, bind_host=settings.host, allowed_hosts=settings.allowed_hosts,
@@ -141,7 +142,7 @@ def _document_request_schemas(app: FastAPI) -> None:
             schema = original()
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             for model in (ChatCompletionRequest, SimplePromptRequest, CompletionRequest, InfillRequest,
-                          TokenizeRequest, DetokenizeRequest):
+                          TokenizeRequest, DetokenizeRequest, MessagesRequest, CountTokensRequest):
                 definition = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 components.update(definition.pop("$defs", {}))
                 components[model.__name__] = definition

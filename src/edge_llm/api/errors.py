@@ -1,4 +1,5 @@
-"""Every error leaves the server in OpenAI's envelope; the mapping lives here and only here."""
+"""Every error leaves the server in OpenAI's envelope, or in Anthropic's on the Anthropic Messages routes; the
+mapping lives here and only here."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edge_llm.api.protocol import ErrorDetail, ErrorResponse
+from edge_llm.api.protocol_anthropic import AnthropicErrorDetail, AnthropicErrorResponse
 from edge_llm.prompting.chat_template import TemplateError
 from edge_llm.engine.types import EngineUnavailableError, QueueFullError
 
@@ -28,6 +30,23 @@ _TYPE_BY_STATUS = {
     429: "rate_limit_error",
     503: "server_error",
 }
+
+# The routes whose clients (the anthropic SDKs, Claude Code) read Anthropic's envelope.
+ANTHROPIC_PATH = "/v1/messages"
+_ANTHROPIC_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",  # queue full, engine unavailable, shutting down (with Retry-After)
+    529: "overloaded_error",
+}
+
+
+def speaks_anthropic(path: str | None) -> bool:
+    return path is not None and (path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/"))
 
 
 class APIError(Exception):
@@ -52,8 +71,21 @@ class APIError(Exception):
     def detail(self) -> ErrorDetail:
         return ErrorDetail(message=self.message, type=self.error_type, param=self.param, code=self.code)
 
-    def response(self) -> JSONResponse:
-        body = ErrorResponse(error=self.detail()).model_dump()
+    def anthropic_body(self) -> dict[str, Any]:
+        """Anthropic's envelope; our own code rides in `details.error_code`, where Anthropic puts its codes."""
+        fallback = "api_error" if self.status >= 500 else "invalid_request_error"
+        kind = _ANTHROPIC_TYPE_BY_STATUS.get(self.status, fallback)
+        body = AnthropicErrorResponse(error=AnthropicErrorDetail(type=kind, message=self.message)).model_dump()
+        if self.code:
+            body["error"]["details"] = {"error_code": self.code}
+        return body
+
+    def response(self, path: str | None = None) -> JSONResponse:
+        """The error as the route at `path` answers errors (OpenAI's envelope unless it is an Anthropic route)."""
+        if speaks_anthropic(path):
+            body = self.anthropic_body()
+        else:
+            body = ErrorResponse(error=self.detail()).model_dump()
         return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
@@ -93,20 +125,22 @@ def from_engine_error(exc: Exception) -> APIError:
 
 def register_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return exc.response()
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return exc.response(request.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return from_validation_errors(exc.errors()).response()
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return from_validation_errors(exc.errors()).response(request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = exc.detail if isinstance(exc.detail, str) else "HTTP error"
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return APIError(exc.status_code, message, code=code, headers=getattr(exc, "headers", None)).response()
+        return APIError(exc.status_code, message, code=code,
+                        headers=getattr(exc, "headers", None)).response(request.url.path)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error")
-        return APIError(500, "Internal server error", code="internal_error", error_type="server_error").response()
+        return APIError(500, "Internal server error", code="internal_error",
+                        error_type="server_error").response(request.url.path)

@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from edge_llm.api.errors import APIError
 from edge_llm.api.lifecycle import Lifecycle
+from edge_llm.api.params import IGNORED_FIELDS_HEADER, track_ignored_fields
 from edge_llm.api.telemetry import RequestRecord, RequestRecords
 from edge_llm.logs import bind_request_id, new_request_id, sane_request_id, unbind_request_id
 from edge_llm.api.metrics import Metrics
@@ -29,7 +30,7 @@ from edge_llm.api.metrics import Metrics
 logger = logging.getLogger(__name__)
 access_logger = logging.getLogger("edge_llm.access")
 
-OPEN_PATHS = frozenset({"/healthz", "/readyz"})  # no key, no Host check: probes must always reach them
+OPEN_PATHS = frozenset({"/healthz", "/health", "/readyz"})  # no key, no Host check: probes must always reach them
 QUIET_PATHS = OPEN_PATHS | {"/metrics"}  # not "in flight", served while draining, access line at debug level
 
 # Error codes that count as a rejection, and under which reason.
@@ -57,7 +58,8 @@ def _header(scope: Scope, name: bytes) -> str | None:
 def _error_code(body: bytes) -> str | None:
     try:
         error = json.loads(body)["error"]
-        return str(error["code"]) if error.get("code") else None
+        code = error.get("code") or (error.get("details") or {}).get("error_code")  # Anthropic's envelope
+        return str(code) if code else None
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -126,6 +128,7 @@ class RequestContext:
         if counted:
             self.lifecycle.in_flight += 1
         id_header = (b"x-request-id", record.request_id.encode())
+        ignored_fields = track_ignored_fields()
         error_body: bytearray | None = None
         request_body: bytearray | None = bytearray() if self.log_prompts and counted else None
         send_timeout = self.send_timeout
@@ -143,6 +146,8 @@ class RequestContext:
                 record.status = message["status"]
                 headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != b"x-request-id"]
                 headers.append(id_header)
+                if ignored_fields and not any(k.lower() == IGNORED_FIELDS_HEADER.encode() for k, _ in headers):
+                    headers.append((IGNORED_FIELDS_HEADER.encode(), ",".join(ignored_fields).encode()))
                 message = {**message, "headers": headers}
                 if record.status >= 400:
                     error_body = bytearray()
@@ -263,7 +268,7 @@ class HeaderLimit:
             if message is not None:
                 error = APIError(431, message, code="request_headers_too_large", error_type="invalid_request_error",
                                  headers={"connection": "close"})
-                await error.response()(scope, receive, send)
+                await error.response(scope["path"])(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -279,7 +284,7 @@ class ShutdownGate:
         if scope["type"] == "http" and self.lifecycle.draining and scope["path"] not in QUIET_PATHS:
             error = APIError(503, "The server is shutting down", code="shutting_down",
                              headers={"retry-after": "5", "connection": "close"})
-            await error.response()(scope, receive, send)
+            await error.response(scope["path"])(scope, receive, send)
             return
         await self.app(scope, receive, send)
 
@@ -330,6 +335,6 @@ class BodySizeLimit:
         error = APIError(
             413, f"The request body is larger than {self.max_bytes} bytes", code="request_too_large"
         )
-        response = error.response()
+        response = error.response(scope["path"])
         response.headers["connection"] = "close"
         await response(scope, receive, send)

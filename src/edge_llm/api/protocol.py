@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from edge_llm.api.protocol_llama import LlamaServerFields
 from edge_llm.engine.types import SamplingParams
 
 # ---- errors --------------------------------------------------------------------------------
@@ -186,8 +187,8 @@ def check_logit_bias(value: LogitBias | None) -> LogitBias | None:
     return value
 
 
-class _GenerationFields(_Strict):
-    """What chat and text completions share."""
+class _GenerationFields(_Strict, LlamaServerFields):
+    """What chat and text completions share (llama-server's native fields included)."""
 
     model: str | None = None
     stream: bool = False
@@ -284,11 +285,13 @@ class ChatCompletionRequest(_GenerationFields):
     def requested_max_tokens(self, defaults: SamplingDefaults) -> int | None:
         """None: none was given, so the answer runs until it ends or the context is full (as OpenAI,
         llama-server and vLLM do); `--default-max-tokens` is for the simple body and completions."""
-        return self.max_completion_tokens or self.max_tokens
+        return self.max_completion_tokens or self.max_tokens or self.native_max_tokens()
 
     @property
     def logprob_count(self) -> int | None:
-        return (self.top_logprobs or 0) if self.logprobs else None
+        if self.logprobs:
+            return self.top_logprobs or 0
+        return self.n_probs
 
     @property
     def active_tools(self) -> list[ToolDefinition]:
@@ -326,8 +329,16 @@ class CompletionRequest(_GenerationFields):
     def prompts(self) -> list[str]:
         return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
 
-    def requested_max_tokens(self, defaults: SamplingDefaults) -> int:
-        return self.max_tokens or defaults.max_tokens
+    def requested_max_tokens(self, defaults: SamplingDefaults) -> int | None:
+        if self.max_tokens:
+            return self.max_tokens
+        if self.n_predict is not None:
+            return self.native_max_tokens()  # n_predict -1: until the answer ends or the context is full
+        return defaults.max_tokens
+
+    @property
+    def logprob_count(self) -> int | None:
+        return self.logprobs if self.logprobs is not None else self.n_probs
 
 
 class TokenizeRequest(_Strict):

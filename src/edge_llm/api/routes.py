@@ -21,6 +21,7 @@ from edge_llm.api.serving import (
     CompletionServing,
     InfillServing,
     ModelServing,
+    ResponsesServing,
     Serving,
     TokenizationServing,
 )
@@ -48,6 +49,11 @@ def _engine(request: Request) -> EngineClient:
     return cast(EngineClient, request.app.state.engine)
 
 
+# Clients whose base URL lacks /v1 (and tools written for llama-server) call the OpenAI routes without it.
+_UNVERSIONED = {"include_in_schema": False}
+
+
+@router.post("/chat/completions", **_UNVERSIONED)
 @router.post(
     "/v1/chat/completions",
     response_model=ChatCompletion,
@@ -59,6 +65,7 @@ async def chat_completions(request: Request) -> Response:
     return await _serving(request, ChatServing).chat_completions(request)
 
 
+@router.post("/completions", **_UNVERSIONED)
 @router.post(
     "/v1/completions",
     response_model=Completion,
@@ -100,16 +107,19 @@ async def detokenize(request: Request) -> Response:
     return await _serving(request, TokenizationServing).detokenize(request)
 
 
+@router.get("/models", response_model=ModelList, **_UNVERSIONED)
 @router.get("/v1/models", response_model=ModelList)
 async def list_models(request: Request) -> ModelList:
     return _serving(request, ModelServing).list_models()
 
 
+@router.get("/models/{model_id:path}", response_model=ModelCard, **_UNVERSIONED)
 @router.get("/v1/models/{model_id:path}", response_model=ModelCard, responses={404: {"model": ErrorResponse}})
 async def get_model(model_id: str, request: Request) -> ModelCard:
     return _serving(request, ModelServing).get_model(model_id)
 
 
+@router.get("/health", include_in_schema=False)  # llama-server's name for it
 @router.get("/healthz", summary="Liveness: 200 while the process and the engine thread are alive")
 async def healthz(request: Request) -> JSONResponse:
     engine = _engine(request)
@@ -142,3 +152,42 @@ async def kill_engine(request: Request) -> JSONResponse:
 
 # The OpenAPI document lists the request schemas even though the route reads the body itself.
 __all__ = ["router", "debug_router", "ChatCompletionRequest"]
+
+
+@router.post(
+    "/v1/responses",
+    responses={**_ERRORS, 200: {"content": {"text/event-stream": {}}}},
+    summary="OpenAI Responses API, stateless: input items, function tools, text.format, the Responses event stream",
+)
+async def responses(request: Request) -> Response:
+    return await _serving(request, ResponsesServing).responses(request)
+
+
+# ---- Anthropic's Messages API (errors in Anthropic's envelope: api/errors.py chooses it by path) ----------------
+
+from edge_llm.api.protocol_anthropic import AnthropicErrorResponse, CountTokensResponse, MessageResponse  # noqa: E402
+from edge_llm.api.serving.messages import MessagesServing  # noqa: E402
+
+_ANTHROPIC_ERRORS = {status: {"model": AnthropicErrorResponse} for status in (400, 401, 404, 413, 503)}
+
+
+@router.post(
+    "/v1/messages",
+    response_model=MessageResponse,
+    responses={**_ANTHROPIC_ERRORS, 200: {"content": {"text/event-stream": {}}}},
+    openapi_extra=_json_body("MessagesRequest"),
+    summary="Anthropic Messages API: content blocks, tools, Anthropic's SSE events and error envelope",
+)
+async def anthropic_messages(request: Request) -> Response:
+    return await _serving(request, MessagesServing).messages(request)
+
+
+@router.post(
+    "/v1/messages/count_tokens",
+    response_model=CountTokensResponse,
+    responses=_ANTHROPIC_ERRORS,
+    openapi_extra=_json_body("CountTokensRequest"),
+    summary="The prompt tokens a Messages request would have",
+)
+async def anthropic_count_tokens(request: Request) -> Response:
+    return await _serving(request, MessagesServing).count_tokens(request)

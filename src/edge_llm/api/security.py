@@ -58,7 +58,9 @@ def load_api_keys(settings: Settings) -> list[str]:
 
 
 class ApiKeyAuth:
-    """Every route but the probes needs `Authorization: Bearer <key>`; keys compared in constant time."""
+    """Every route but the probes needs a key: `Authorization: Bearer <key>`, or `x-api-key: <key>` as Anthropic's
+    clients send it. Each credential given must be a key (compared in constant time), so a wrong one is never
+    outvoted by a right one."""
 
     def __init__(self, app: ASGIApp, keys: list[str]) -> None:
         self.app = app
@@ -68,31 +70,41 @@ class ApiKeyAuth:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS or scope["path"] in WEB_PATHS:
             await self.app(scope, receive, send)
             return
-        problem = self._check(_header(scope, b"authorization"))
+        problem = self._check(_header(scope, b"authorization"), _header(scope, b"x-api-key"))
         if problem is None:
             await self.app(scope, receive, send)
             return
         logger.warning("authentication failed: %s", problem, extra={"client": _client(scope), "path": scope["path"]})
         message = (
             "Incorrect API key provided" if problem == "wrong key"
-            else "Missing API key: send it as 'Authorization: Bearer <key>'"
+            else "Missing API key: send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
         )
         error = APIError(401, message, code="invalid_api_key", error_type="authentication_error",
                          headers={"www-authenticate": "Bearer"})
-        await error.response()(scope, receive, send)
+        await error.response(scope["path"])(scope, receive, send)
 
-    def _check(self, header: str | None) -> str | None:
-        if header is None:
+    def _check(self, authorization: str | None, api_key: str | None = None) -> str | None:
+        if authorization is None and api_key is None:
             return "missing key"
-        scheme, _, token = header.strip().partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
-            return "malformed Authorization header"
+        given: list[str] = []
+        if authorization is not None:
+            scheme, _, token = authorization.strip().partition(" ")
+            token = token.strip()
+            if scheme.lower() != "bearer" or not token:
+                return "malformed Authorization header"
+            given.append(token)
+        if api_key is not None:
+            if not api_key.strip():
+                return "empty x-api-key header"
+            given.append(api_key.strip())
+        return None if all(self._known(token) for token in given) else "wrong key"
+
+    def _known(self, token: str) -> bool:
         given = token.encode("latin-1", "replace")
         matched = False
         for key in self._keys:  # no early exit: the time does not depend on which key matched
             matched |= hmac.compare_digest(given, key)
-        return None if matched else "wrong key"
+        return matched
 
 
 # ---- Host and Origin -------------------------------------------------------------------------
@@ -180,7 +192,7 @@ class HostGuard:
     @staticmethod
     async def _refuse(scope: Scope, receive: Receive, send: Send, message: str, code: str) -> None:
         error = APIError(403, message, code=code, error_type="permission_error")
-        await error.response()(scope, receive, send)
+        await error.response(scope["path"])(scope, receive, send)
 
 
 def is_loopback(host: str) -> bool:

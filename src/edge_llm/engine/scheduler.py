@@ -50,6 +50,7 @@ class Sequence:
     # the output (the last token of `feed` is decoded on its own and gives the next sample).
     feed: list[int] = field(default_factory=list)
     preemptions: int = 0
+    use_cache: bool = True  # False: shares no prefix with the cache or a leader, and leaves no cache entry
     kv_tokens: list[int] = field(default_factory=list)  # the tokens at positions 0..n_past-1
     # A follower shares its first `shared` prompt positions with a running `leader` still prefilling
     # them; it copies them (KvCopy) once the leader has, instead of computing them twice.
@@ -193,14 +194,14 @@ class Scheduler:
 
     # ---- insert / remove ----------------------------------------------------------------
 
-    def add(self, request_id: str, prompt: list[int], max_tokens: int) -> Sequence:
+    def add(self, request_id: str, prompt: list[int], max_tokens: int, *, use_cache: bool = True) -> Sequence:
         if not prompt:
             raise ValueError("empty prompt")
         if len(prompt) + max_tokens > self.n_ctx or max_tokens < 1:
             raise RequestTooLargeError(
                 f"{len(prompt)} prompt tokens + {max_tokens} new tokens exceed the context of {self.n_ctx}"
             )
-        sequence = Sequence(request_id, list(prompt), max_tokens)
+        sequence = Sequence(request_id, list(prompt), max_tokens, use_cache=use_cache)
         sequence.feed = sequence.prompt
         self.waiting.append(sequence)
         return sequence
@@ -217,7 +218,7 @@ class Scheduler:
             return
         self.running.remove(sequence)
         self._release_followers(sequence)
-        if keep_in_cache and self.cache_slots > 0 and sequence.n_past > 0:
+        if keep_in_cache and sequence.use_cache and self.cache_slots > 0 and sequence.n_past > 0:
             self._insert_cache_entry(CacheEntry(sequence.seq_id, tuple(sequence.kv_tokens)))
         else:
             self._release_seq_id(sequence.seq_id)
@@ -331,11 +332,11 @@ class Scheduler:
         admitted: list[Sequence] = []
         while self.waiting and len(self.running) < self.parallel:
             head = self.waiting[0]
-            match = self._best_prefix(head.feed)
+            match = self._best_prefix(head.feed) if head.use_cache else None
             if not self._make_room(head, match):
                 if match is None or not self._make_room(head, None):
                     break  # FIFO: the head waits for running sequences to finish; nothing overtakes it
-                match = self._best_prefix(head.feed)
+                match = self._best_prefix(head.feed) if head.use_cache else None
             self.waiting.popleft()
             head.seq_id = self._free_seq_ids.pop(0)
             head.phase = Phase.PREFILL
@@ -394,8 +395,8 @@ class Scheduler:
         return best
 
     def _best_running_prefix(self, head: Sequence) -> tuple[Sequence, int] | None:
-        if self.pinned(head):
-            return None  # its room is counted without the leader's cells, which a preemption could take
+        if self.pinned(head) or not head.use_cache:
+            return None  # a pinned one's room is counted without the leader's cells, which a preemption could take
         best: tuple[Sequence, int] | None = None
         prompt = head.feed
         for sequence in self.running:

@@ -31,6 +31,7 @@ class StopMatcher:
         self._longest = max((len(s) for s in self._stops), default=0)
         self._pending = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text
 
     def feed(self, text: str) -> str:
         """Returns the text safe to emit now; sets `stopped` once a stop string is seen."""
@@ -39,8 +40,9 @@ class StopMatcher:
         if not self._stops:
             return text
         buffer = self._pending + text
-        cut = min((i for i in (buffer.find(s) for s in self._stops) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, stop) for stop in self._stops if (i := buffer.find(stop)) >= 0]
+        if found:
+            cut, self.matched = min(found, key=lambda match: match[0])
             self.stopped = True
             self._pending = ""
             return buffer[:cut]
@@ -72,6 +74,11 @@ class OutputText:
     @property
     def stopped(self) -> bool:
         return self._stops.stopped
+
+    @property
+    def stop_string(self) -> str | None:
+        """The stop string that ended the text, if one did."""
+        return self._stops.matched
 
     def feed(self, data: bytes) -> str:
         return self._stops.feed(self._utf8.feed(data))

@@ -41,6 +41,7 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
     logprobs: int | None = None  # None: off; k: the chosen token's logprob and the k likeliest
+    cache_prompt: bool = True  # False: neither reuses nor leaves a prefix-cache entry (llama-server's field)
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,7 @@ class Finished:
     reason: FinishReason
     usage: Usage
     timings: dict[str, float]
+    stop_sequence: str | None = None  # the stop string that ended the answer (reason STOP), if one did
 
 
 @dataclass(frozen=True)

@@ -316,7 +316,8 @@ class Engine:
         try:
             # A request that cannot be served fails alone; it never takes the engine thread down.
             active.sampler = self.runner.new_sampler(request.sampling)
-            active.sequence = self._scheduler.add(request.request_id, request.prompt_tokens, request.max_tokens)
+            active.sequence = self._scheduler.add(request.request_id, request.prompt_tokens, request.max_tokens,
+                                                  use_cache=request.cache_prompt)
         except Exception as exc:  # noqa: BLE001
             with self._lock:
                 self._waiting_ids.discard(request.request_id)
@@ -428,7 +429,7 @@ class Engine:
         if self.observer is not None:  # before Finished, so the HTTP side sees the record complete
             text = "".join(active.text_parts) if active.text_parts is not None else None
             self.observer.request_finished(active.request.request_id, reason, usage, phase, text)
-        self._outbox.add(active.channel, Finished(reason, usage, timings))
+        self._outbox.add(active.channel, Finished(reason, usage, timings, active.output.stop_string))
 
     def _fail(self, active: _Active, message: str, code: str) -> None:
         """Ends one request with an error (what it streamed so far stays sent)."""

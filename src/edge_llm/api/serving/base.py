@@ -21,10 +21,12 @@ from pydantic import BaseModel, ValidationError
 
 from edge_llm.api.errors import APIError, from_engine_error, from_pydantic, invalid_request
 from edge_llm.api.limits import cap_max_tokens, check_prompt_tokens
+from edge_llm.api.params import drop_unknown
+from edge_llm.api.protocol_llama import LlamaServerFields
 from edge_llm.api.protocol import ErrorResponse, PromptTokensDetails, SamplingDefaults, UsageInfo
 from edge_llm.api.sse import DONE, EventStreamResponse, encode_json_event
 from edge_llm.config import Settings
-from edge_llm.engine.facade import EngineClient, ReplyChannel
+from edge_llm.engine.facade import EngineClient, GrammarError, ReplyChannel
 from edge_llm.engine.types import (
     EngineError,
     EngineUnavailableError,
@@ -130,8 +132,11 @@ class Serving:
             raise APIError(400, "The request body must be a JSON object", code="invalid_json")
         return body
 
-    @staticmethod
-    def parse(model: type[BodyModel], body: dict[str, Any]) -> BodyModel:
+    def parse(self, model: type[BodyModel], body: dict[str, Any]) -> BodyModel:
+        """`body` validated as `model`; unknown top-level fields are ignored and reported (api/params.py), or
+        refused with `--strict-params`."""
+        if not self.settings.strict_params and model.model_config.get("extra") == "forbid":
+            body = drop_unknown(model, body)
         try:
             return model.model_validate(body)
         except ValidationError as exc:
@@ -186,6 +191,32 @@ class Serving:
                                   param=param, code="fim_not_supported")
         return info.fim
 
+    # ---- grammars (run in the tokenizer thread) ---------------------------------------------------
+
+    def schema_to_gbnf(self, schema: dict[str, Any], *, param: str = "response_format") -> str:
+        try:
+            return self.engine.json_schema_to_grammar(schema)
+        except GrammarError as exc:
+            raise invalid_request(str(exc), param=param, code="invalid_schema") from None
+
+    def checked_grammar(self, grammar: str, *, param: str) -> str:
+        try:
+            self.engine.check_grammar(grammar)
+        except GrammarError as exc:
+            raise invalid_request(f"{exc}", param=param, code="invalid_schema") from None
+        return grammar
+
+    def native_grammar(self, body: LlamaServerFields) -> str | None:
+        """llama-server's `grammar` (GBNF) or `json_schema`, checked as response grammars are."""
+        if body.grammar is not None and body.json_schema is not None:
+            raise invalid_request("give grammar or json_schema, not both", param="grammar")
+        if body.grammar is not None:
+            return self.checked_grammar(body.grammar, param="grammar")
+        if body.json_schema is not None:
+            return self.checked_grammar(self.schema_to_gbnf(body.json_schema, param="json_schema"),
+                                        param="json_schema")
+        return None
+
     # ---- prompts in the context ------------------------------------------------------------------
 
     @property
@@ -221,6 +252,7 @@ class Serving:
         sampling: Callable[[int], SamplingParams],
         stop: tuple[str, ...],
         logprobs: int | None,
+        cache_prompt: bool = True,
     ) -> Generation:
         """Submits one engine request per choice; choices of one prompt share its prefill (see scheduler)."""
         request_id = current_request_id() or new_request_id()  # the middleware's id
@@ -234,6 +266,7 @@ class Serving:
                 sampling=sampling(choice % n),
                 stop=stop,
                 logprobs=logprobs,
+                cache_prompt=cache_prompt,
             )
             for choice in range(choices)
         ]

@@ -30,7 +30,7 @@ from edge_llm.api.serving.base import (
 )
 from edge_llm.api.sse import encode_event, encode_json_event
 from edge_llm.config import Settings
-from edge_llm.engine.facade import EngineClient, GrammarError
+from edge_llm.engine.facade import EngineClient
 from edge_llm.engine.types import Failed, Finished, TextDelta, TokenLogprob
 from edge_llm.prompting.chat_template import ChatTemplate
 from edge_llm.prompting.prompt import PromptBuilder
@@ -46,7 +46,7 @@ class ChatPlan:
     """What a chat request needs beyond the prompt: its grammar and the tools it may call."""
 
     grammar: str | None
-    tools: bool
+    tools: tuple[str, ...]  # the names of the functions it may call
 
 
 class ChatServing(Serving):
@@ -73,12 +73,13 @@ class ChatServing(Serving):
     async def _openai_chat(self, request: Request, chat: ChatCompletionRequest) -> Response:
         self.check_logit_bias(chat.logit_bias)
         tools = [tool.model_dump(exclude_none=True) for tool in chat.active_tools]
-        plan = ChatPlan(grammar=await self.off_loop(self._chat_grammar, chat), tools=bool(tools))
+        plan = ChatPlan(grammar=await self.off_loop(self._chat_grammar, chat),
+                        tools=tuple(tool["function"]["name"] for tool in tools))
         prompt = await self.off_loop(self._build_prompt, chat.to_messages(), tools or None)
         generation = self.start(
             [prompt], n=chat.n, max_tokens=chat.requested_max_tokens(self.defaults),
             sampling=lambda choice: chat.sampling_params(self.defaults, choice, plan.grammar),
-            stop=chat.stop_strings(), logprobs=chat.logprob_count,
+            stop=chat.stop_strings(), logprobs=chat.logprob_count, cache_prompt=chat.cache_prompt,
         )
         if chat.stream:
             return self.stream(generation, self._chat_chunks(generation, plan, chat.include_usage))
@@ -99,16 +100,23 @@ class ChatServing(Serving):
     # ---- the grammar ------------------------------------------------------------------------------
 
     def _chat_grammar(self, chat: ChatCompletionRequest) -> str | None:
-        """A grammar for response_format or a forced tool call (runs in the tokenizer thread)."""
+        """A grammar for response_format, a forced tool call, or llama-server's `grammar`/`json_schema` (runs in
+        the tokenizer thread)."""
+        if chat.grammar is not None or chat.json_schema is not None:
+            if chat.response_format is not None and chat.response_format.type != "text" or chat.tool_choice not in (
+                    None, "auto", "none"):
+                raise invalid_request("grammar and json_schema cannot be combined with response_format or a "
+                                      "forced tool call", param="grammar" if chat.grammar else "json_schema")
+            return self.native_grammar(chat)
         functions = [tool.function.model_dump(exclude_none=True) for tool in chat.active_tools]
         if isinstance(chat.tool_choice, NamedToolChoice):
             wanted = chat.tool_choice.function.name
-            return self._checked_grammar(forced_call_grammar(
-                [f for f in functions if f["name"] == wanted], functools.partial(self._schema_to_gbnf, param="tools")),
+            return self.checked_grammar(forced_call_grammar(
+                [f for f in functions if f["name"] == wanted], functools.partial(self.schema_to_gbnf, param="tools")),
                 param="tool_choice")
         if chat.tool_choice == "required":
-            return self._checked_grammar(
-                forced_call_grammar(functions, functools.partial(self._schema_to_gbnf, param="tools")), param="tools")
+            return self.checked_grammar(
+                forced_call_grammar(functions, functools.partial(self.schema_to_gbnf, param="tools")), param="tools")
         response_format = chat.response_format
         if response_format is None or response_format.type == "text":
             return None
@@ -117,20 +125,7 @@ class ChatServing(Serving):
 
     def _compile_schema_grammar(self, schema_json: str) -> str:
         """JSON schema → checked GBNF; cached (bounded) by the schema's canonical JSON."""
-        return self._checked_grammar(self._schema_to_gbnf(json.loads(schema_json)), param="response_format")
-
-    def _schema_to_gbnf(self, schema: dict[str, Any], *, param: str = "response_format") -> str:
-        try:
-            return self.engine.json_schema_to_grammar(schema)
-        except GrammarError as exc:
-            raise invalid_request(str(exc), param=param, code="invalid_schema") from None
-
-    def _checked_grammar(self, grammar: str, *, param: str) -> str:
-        try:
-            self.engine.check_grammar(grammar)
-        except GrammarError as exc:
-            raise invalid_request(f"{exc}", param=param, code="invalid_schema") from None
-        return grammar
+        return self.checked_grammar(self.schema_to_gbnf(json.loads(schema_json)), param="response_format")
 
     # ---- the OpenAI chat answer -----------------------------------------------------------------
 
@@ -141,7 +136,7 @@ class ChatServing(Serving):
             content: str | None = result.text
             calls: list[ParsedToolCall] = []
             if plan.tools:
-                parser = ToolCallParser()
+                parser = ToolCallParser(plan.tools)
                 head, _ = parser.feed(result.text)
                 tail, _ = parser.finish()
                 calls = parser.calls
@@ -163,7 +158,7 @@ class ChatServing(Serving):
         completion_id = new_completion_id()
         created = int(time.time())
         want_logprobs = generation.wants_logprobs
-        parsers = [ToolCallParser() if plan.tools else None for _ in generation.requests]
+        parsers = [ToolCallParser(plan.tools) if plan.tools else None for _ in generation.requests]
         finished: list[Finished | None] = [None] * len(generation.requests)
 
         def chunk(index: int, delta: dict[str, Any], finish_reason: str | None = None,

@@ -25,9 +25,10 @@ class CompletionServing(Serving):
     async def completions(self, request: Request) -> Response:
         completion = await self.read(request, CompletionRequest)
         self.check_logit_bias(completion.logit_bias)
+        grammar = await self.off_loop(self.native_grammar, completion)
         if completion.suffix is not None:
             fim = self.fim_tokens("suffix")
-            budget = completion.requested_max_tokens(self.defaults)
+            budget = completion.requested_max_tokens(self.defaults) or self.defaults.max_tokens
             prompts = [await self.off_loop(lambda text=text: infill_prompt(
                 self.plain_tokens, fim, prefix=text, suffix=completion.suffix or "", n_predict=budget,
                 n_ctx=self.context_limit, bos=self.bos_token())) for text in completion.prompts]
@@ -37,9 +38,10 @@ class CompletionServing(Serving):
             prompts,
             n=completion.n,
             max_tokens=completion.requested_max_tokens(self.defaults),
-            sampling=lambda choice: completion.sampling_params(self.defaults, choice),
+            sampling=lambda choice: completion.sampling_params(self.defaults, choice, grammar),
             stop=completion.stop_strings() + suffix_echo_stop(completion.suffix or ""),
-            logprobs=completion.logprobs,
+            logprobs=completion.logprob_count,
+            cache_prompt=completion.cache_prompt,
         )
         echo = [text if completion.echo else "" for text in completion.prompts]
         if completion.stream:

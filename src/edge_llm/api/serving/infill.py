@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from edge_llm.api.protocol_infill import InfillRequest
+from edge_llm.api.protocol_llama import InfillRequest
 from edge_llm.api.serving.base import Generation, Serving, error_body, failure_error
 from edge_llm.api.sse import encode_json_event
 from edge_llm.engine.types import Failed, Finished, FinishReason, TextDelta
@@ -51,9 +51,6 @@ class InfillServing(Serving):
                                 sampling=lambda _: body.sampling_params(self.defaults),
                                 stop=tuple(body.stop) + suffix_echo_stop(body.input_suffix), logprobs=None)
         headers = self.headers(generation)
-        if body.ignored_fields:
-            headers["x-edge-llm-ignored-fields"] = ",".join(body.ignored_fields)
-            logger.debug("infill fields ignored: %s", ", ".join(body.ignored_fields))
         cut = EditorCut(body.n_indent, body.t_max_predict_ms, body.input_suffix)
         if body.stream:
             return self.stream(generation, self._events(generation, body, cut), headers=headers)

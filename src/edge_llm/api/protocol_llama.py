@@ -1,19 +1,37 @@
-"""llama-server's `/infill` request, as editor plugins (llama.vscode, llama.vim) send it.
+"""llama-server's dialect: its `/infill` request, as editor plugins (llama.vscode, llama.vim) send it, and the
+native fields its clients also send in OpenAI bodies (`LlamaServerFields`).
 
-Unlike the OpenAI bodies, unknown fields are ignored rather than refused, as llama-server does: the plugins
-send llama-server's whole parameter set (`samplers`, `id_slot`, `t_max_prompt_ms`, …). The ignored names are
-reported back in the `X-Edge-LLM-Ignored-Fields` header. Errors use the server's one error envelope.
+The plugins send llama-server's whole parameter set (`samplers`, `id_slot`, …): fields this server does not
+know are ignored and named in the `X-Edge-LLM-Ignored-Fields` header, as for every body (api/params.py).
+Errors use the server's one error envelope.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from edge_llm.api.protocol import SamplingDefaults
 from edge_llm.engine.types import SamplingParams
+
+if TYPE_CHECKING:  # protocol.py imports this module
+    from edge_llm.api.protocol import SamplingDefaults
 
 MAX_EXTRA_FILES = 64
 MAX_STOP_STRINGS = 16
+
+
+class LlamaServerFields(BaseModel):
+    """llama-server's native fields, honoured in the OpenAI bodies too (tools written for llama-server send them)."""
+
+    n_predict: int | None = Field(None, ge=-1)  # max_tokens; -1: until the answer ends or the context is full
+    grammar: str | None = Field(None, min_length=1)  # GBNF with a `root` rule, bounded as response grammars are
+    json_schema: dict[str, Any] | None = None  # the answer follows this JSON schema
+    cache_prompt: bool = True  # false: this request neither reuses nor leaves a prefix-cache entry
+    n_probs: int | None = Field(None, ge=0, le=20)  # the chosen token's logprob and the n likeliest
+
+    def native_max_tokens(self) -> int | None:
+        return self.n_predict if self.n_predict is not None and self.n_predict > 0 else None
 
 
 class ExtraChunk(BaseModel):
@@ -24,7 +42,7 @@ class ExtraChunk(BaseModel):
 
 
 class InfillRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
     input_prefix: str
@@ -53,10 +71,6 @@ class InfillRequest(BaseModel):
         if any(not s for s in value):
             raise ValueError("stop strings must not be empty")
         return value
-
-    @property
-    def ignored_fields(self) -> list[str]:
-        return sorted(self.model_extra or {})
 
     @property
     def warm_only(self) -> bool:

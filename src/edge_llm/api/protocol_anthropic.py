@@ -1,0 +1,281 @@
+"""Anthropic's Messages API on the wire: the request bodies of /v1/messages and /v1/messages/count_tokens, their
+conversion to the chat-template messages every chat family renders, the stop_reason mapping and the error
+envelope's shape.
+
+Only what a text model can do is accepted: text, tool_use and tool_result blocks (images and documents are a 400),
+client tools with an input_schema (Anthropic's server tools are a 400). `cache_control` on any block or tool is
+accepted and changes nothing: the prefix cache reuses every shared prefix by itself.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from edge_llm.api.protocol import SamplingDefaults
+from edge_llm.engine.types import FinishReason, Finished, SamplingParams
+
+MAX_STOP_SEQUENCES = 16
+MAX_TOOLS = 128
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---- content blocks --------------------------------------------------------------------------
+
+
+class AnthropicTextBlock(_Strict):
+    type: Literal["text"]
+    text: str
+    cache_control: dict[str, Any] | None = None  # ignored
+    citations: list[dict[str, Any]] | None = None  # ignored
+
+
+class AnthropicToolUseBlock(_Strict):
+    type: Literal["tool_use"]
+    id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    input: dict[str, Any]
+    cache_control: dict[str, Any] | None = None
+
+
+class AnthropicToolResultBlock(_Strict):
+    type: Literal["tool_result"]
+    tool_use_id: str = Field(min_length=1)
+    content: str | list[AnthropicTextBlock] = ""
+    is_error: bool = False
+    cache_control: dict[str, Any] | None = None
+
+    def text(self) -> str:
+        body = self.content if isinstance(self.content, str) else "".join(block.text for block in self.content)
+        return f"Error: {body}" if self.is_error else body
+
+
+AnthropicContentBlock = Annotated[AnthropicTextBlock | AnthropicToolUseBlock | AnthropicToolResultBlock,
+                                  Field(discriminator="type")]
+
+
+class AnthropicMessage(_Strict):
+    role: Literal["user", "assistant"]
+    content: str | list[AnthropicContentBlock]
+
+    @model_validator(mode="after")
+    def _blocks_fit_the_role(self) -> AnthropicMessage:
+        if isinstance(self.content, list):
+            wrong = "tool_result" if self.role == "assistant" else "tool_use"
+            if any(block.type == wrong for block in self.content):
+                raise ValueError(f"a {self.role} message cannot hold {wrong} blocks")
+        return self
+
+    def to_chat(self) -> list[dict[str, Any]]:
+        """This message as chat-template messages (OpenAI's shape, which the templates know)."""
+        if isinstance(self.content, str):
+            return [{"role": self.role, "content": self.content}]
+        if self.role == "assistant":
+            message: dict[str, Any] = {"role": "assistant", "content": "".join(
+                block.text for block in self.content if isinstance(block, AnthropicTextBlock))}
+            calls = [block for block in self.content if isinstance(block, AnthropicToolUseBlock)]
+            if calls:
+                # Templates render arguments with `tojson`: they get the object itself.
+                message["tool_calls"] = [{"id": call.id, "type": "function",
+                                          "function": {"name": call.name, "arguments": call.input}}
+                                         for call in calls]
+            return [message]
+        # A user turn: each tool_result is a tool message, the text between them a user message, in order.
+        out: list[dict[str, Any]] = []
+        text: list[str] = []
+        for block in self.content:
+            if isinstance(block, AnthropicToolResultBlock):
+                if text:
+                    out.append({"role": "user", "content": "".join(text)})
+                    text = []
+                out.append({"role": "tool", "content": block.text(), "tool_call_id": block.tool_use_id})
+            elif isinstance(block, AnthropicTextBlock):
+                text.append(block.text)
+        if text or not out:
+            out.append({"role": "user", "content": "".join(text)})
+        return out
+
+
+# ---- tools -----------------------------------------------------------------------------------
+
+
+class AnthropicTool(_Strict):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str | None = None
+    input_schema: dict[str, Any]
+    type: Literal["custom"] | None = None
+    cache_control: dict[str, Any] | None = None
+
+    def to_openai(self) -> dict[str, Any]:
+        function: dict[str, Any] = {"name": self.name, "parameters": self.input_schema}
+        if self.description:
+            function["description"] = self.description
+        return {"type": "function", "function": function}
+
+
+class AnthropicToolChoice(_Strict):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None  # one call per answer is all the grammar makes anyway
+
+    @model_validator(mode="after")
+    def _name_with_tool(self) -> AnthropicToolChoice:
+        if (self.type == "tool") != (self.name is not None):
+            raise ValueError("tool_choice needs a name exactly when its type is 'tool'")
+        return self
+
+
+# ---- requests --------------------------------------------------------------------------------
+
+
+class CountTokensRequest(_Strict):
+    """What makes the prompt: the body of /v1/messages/count_tokens, and the first half of /v1/messages."""
+
+    model: str
+    messages: list[AnthropicMessage] = Field(min_length=1)
+    system: str | list[AnthropicTextBlock] | None = None
+    tools: list[AnthropicTool] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: AnthropicToolChoice | None = None
+    thinking: dict[str, Any] | None = None  # ignored: the answer has no thinking blocks
+
+    @model_validator(mode="after")
+    def _check_conversation(self) -> CountTokensRequest:
+        if self.messages[-1].role == "assistant":
+            raise ValueError("the last message must be a user message (continuing a prefilled assistant "
+                             "message is not supported)")
+        if self.tool_choice is not None and self.tool_choice.type in ("any", "tool") and not self.tools:
+            raise ValueError(f"tool_choice '{self.tool_choice.type}' needs tools")
+        if self.tool_choice is not None and self.tool_choice.type == "tool":
+            if self.tool_choice.name not in {tool.name for tool in self.tools or []}:
+                raise ValueError(f"tool_choice names '{self.tool_choice.name}', which is not in tools")
+        return self
+
+    @property
+    def system_text(self) -> str | None:
+        if self.system is None or isinstance(self.system, str):
+            return self.system or None
+        return "\n\n".join(block.text for block in self.system) or None
+
+    def to_chat_messages(self) -> list[dict[str, Any]]:
+        messages: list[dict[str, Any]] = []
+        if self.system_text is not None:
+            messages.append({"role": "system", "content": self.system_text})
+        for message in self.messages:
+            messages.extend(message.to_chat())
+        return messages
+
+    @property
+    def active_tools(self) -> list[AnthropicTool]:
+        """The tools the prompt shows the model: none for tool_choice 'none', as OpenAI's 'none' does here."""
+        if self.tool_choice is not None and self.tool_choice.type == "none":
+            return []
+        return list(self.tools or [])
+
+    def openai_tools(self) -> list[dict[str, Any]] | None:
+        return [tool.to_openai() for tool in self.active_tools] or None
+
+    def forced_functions(self) -> list[dict[str, Any]] | None:
+        """The functions a grammar must make the answer call: all for 'any', one for 'tool'; None for free text."""
+        choice = self.tool_choice
+        if choice is None or choice.type not in ("any", "tool"):
+            return None
+        tools = [t for t in self.active_tools if choice.type == "any" or t.name == choice.name]
+        return [tool.to_openai()["function"] for tool in tools]
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: int = Field(ge=1)
+    stop_sequences: list[str] | None = Field(None, max_length=MAX_STOP_SEQUENCES)
+    stream: bool = False
+    temperature: float | None = Field(None, ge=0.0, le=1.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0, le=1000)
+    # Accepted and ignored: they do not change the answer.
+    metadata: dict[str, Any] | None = None
+    service_tier: str | None = None
+
+    @field_validator("stop_sequences")
+    @classmethod
+    def _no_empty_stop(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and any(not stop for stop in value):
+            raise ValueError("stop sequences must not be empty")
+        return value
+
+    def sampling_params(self, defaults: SamplingDefaults, grammar: str | None) -> SamplingParams:
+        return SamplingParams(
+            temperature=defaults.temperature if self.temperature is None else self.temperature,
+            top_p=defaults.top_p if self.top_p is None else self.top_p,
+            top_k=defaults.top_k if self.top_k is None else self.top_k,
+            grammar=grammar,
+        )
+
+
+# ---- responses -------------------------------------------------------------------------------
+
+
+def new_message_id() -> str:
+    return "msg_" + uuid.uuid4().hex[:24]
+
+
+def tool_use_id(call_id: str) -> str:
+    return "toolu_" + call_id.removeprefix("call_")
+
+
+def tool_input(arguments: str) -> dict[str, Any]:
+    """A parsed call's JSON arguments as tool_use `input`, which must be an object."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return {"arguments": arguments}
+    return value if isinstance(value, dict) else {"arguments": value}
+
+
+def stop_reason(finished: Finished, tool_calls: bool) -> str:
+    """Anthropic's stop_reason for how the engine ended an answer."""
+    if tool_calls:
+        return "tool_use"
+    if finished.reason is FinishReason.STOP and finished.stop_sequence is not None:
+        return "stop_sequence"
+    if finished.reason is FinishReason.LENGTH:
+        return "max_tokens"
+    # STOP: an end token; TIMEOUT (--request-timeout) ends the turn with the text so far.
+    return "end_turn"
+
+
+def usage(prompt_tokens: int, output_tokens: int, cached_tokens: int) -> dict[str, int]:
+    """Anthropic counts input tokens read from the cache apart from the others (their sum is the prompt)."""
+    return {"input_tokens": prompt_tokens - cached_tokens, "output_tokens": output_tokens,
+            "cache_read_input_tokens": cached_tokens, "cache_creation_input_tokens": 0}
+
+
+class AnthropicErrorDetail(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicErrorResponse(BaseModel):
+    type: Literal["error"] = "error"
+    error: AnthropicErrorDetail
+
+
+class MessageResponse(BaseModel):
+    """The non-streamed answer (for the OpenAPI document; built as a dict)."""
+
+    id: str
+    type: Literal["message"] = "message"
+    role: Literal["assistant"] = "assistant"
+    content: list[dict[str, Any]]
+    model: str
+    stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
+    stop_sequence: str | None = None
+    usage: dict[str, int]
+
+
+class CountTokensResponse(BaseModel):
+    input_tokens: int

@@ -1,0 +1,247 @@
+"""The Responses API body (`POST /v1/responses`) and its translation into the chat request it amounts to.
+
+Stateless: the whole conversation comes in `input` (messages, function calls and their outputs), which becomes
+chat messages for the model's template; tools, `tool_choice` and `text.format` become the chat request's tools,
+tool choice and response format, so the chat path's grammars and tool-call parser serve both.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from edge_llm.api.protocol import ChatMessage, FunctionCall, ToolCall
+
+TEXT_PART_TYPES = ("input_text", "output_text", "text")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Item(BaseModel):
+    # Items a client sends back from an earlier response carry `id`, `status`, annotations…: harmless here.
+    model_config = ConfigDict(extra="ignore")
+
+
+class TextPart(_Item):
+    type: str
+    text: str = ""
+
+    @field_validator("type")
+    @classmethod
+    def _text_only(cls, value: str) -> str:
+        if value not in TEXT_PART_TYPES:
+            raise ValueError(f"content parts of type '{value}' are not supported; this server reads text only "
+                             f"({', '.join(TEXT_PART_TYPES)})")
+        return value
+
+
+def _joined(content: str | list[TextPart]) -> str:
+    return content if isinstance(content, str) else "".join(part.text for part in content)
+
+
+class MessageItem(_Item):
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | list[TextPart]
+
+    def text(self) -> str:
+        return _joined(self.content)
+
+
+class FunctionCallItem(_Item):
+    type: Literal["function_call"]
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    arguments: str
+
+
+class FunctionCallOutputItem(_Item):
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1)
+    output: str | list[TextPart]
+
+    def text(self) -> str:
+        return _joined(self.output)
+
+
+InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem
+ITEM_TYPES: dict[str, type[InputItem]] = {
+    "message": MessageItem, "function_call": FunctionCallItem, "function_call_output": FunctionCallOutputItem}
+
+
+class ResponsesTool(BaseModel):
+    """A tool as declared; only `function` tools are served (the others are refused by name, in serving)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    name: str | None = None
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    def to_chat(self) -> dict[str, Any]:
+        function: dict[str, Any] = {"name": self.name}
+        if self.description is not None:
+            function["description"] = self.description
+        if self.parameters is not None:
+            function["parameters"] = self.parameters
+        if self.strict is not None:
+            function["strict"] = self.strict
+        return {"type": "function", "function": function}
+
+    def echo(self) -> dict[str, Any]:
+        """How the Response object lists it."""
+        return {"type": "function", "name": self.name, "description": self.description,
+                "parameters": self.parameters, "strict": self.strict}
+
+
+class FunctionToolChoice(_Strict):
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = Field(None, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+    def to_chat(self) -> dict[str, Any]:
+        if self.type != "json_schema":
+            return {"type": self.type}
+        schema = {"name": self.name or "response", "schema": self.schema_ or {"type": "object"}}
+        if self.strict is not None:
+            schema["strict"] = self.strict
+        return {"type": "json_schema", "json_schema": schema}
+
+    def echo(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+class TextConfig(_Strict):
+    format: TextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None  # accepted, ignored
+
+
+class ResponsesRequest(_Strict):
+    model: str | None = None
+    input: str | list[InputItem]
+    instructions: str | None = None
+    tools: list[ResponsesTool] | None = Field(None, max_length=128)
+    tool_choice: Literal["auto", "none", "required"] | FunctionToolChoice | None = None
+    text: TextConfig | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    stream: bool = False
+    parallel_tool_calls: bool | None = None
+    # Refused in serving with a message that says why: nothing is stored, so nothing can be continued.
+    previous_response_id: str | None = None
+    conversation: str | dict[str, Any] | None = None
+    prompt: dict[str, Any] | None = None
+    background: bool | None = None
+    # Accepted and ignored: they do not change the output (nothing is stored, there is no reasoning).
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    include: list[str] | None = None
+    reasoning: dict[str, Any] | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    stream_options: dict[str, Any] | None = None
+    max_tool_calls: int | None = None
+    top_logprobs: int | None = None
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _typed_items(cls, value: Any) -> Any:
+        """Each item by its `type` (a message may leave it out), with a clear error for the other types."""
+        if not isinstance(value, list):
+            if isinstance(value, str) and not value:
+                raise ValueError("input must not be empty")
+            return value
+        if not value:
+            raise ValueError("input must not be empty")
+        items = []
+        for index, item in enumerate(value):
+            if not isinstance(item, dict):
+                raise ValueError(f"input[{index}] must be an object")
+            kind = item.get("type", "message")
+            if kind not in ITEM_TYPES:
+                raise ValueError(f"input items of type '{kind}' are not supported; this server reads "
+                                 f"{', '.join(ITEM_TYPES)} items")
+            items.append(ITEM_TYPES[kind].model_validate(item))
+        return items
+
+    @property
+    def items(self) -> list[InputItem]:
+        return [MessageItem(role="user", content=self.input)] if isinstance(self.input, str) else list(self.input)
+
+    @property
+    def format(self) -> TextFormat:
+        return self.text.format if self.text and self.text.format else TextFormat(type="text")
+
+    def chat_messages(self) -> list[ChatMessage]:
+        """`instructions` as the first system message, then the items in order: consecutive function calls join
+        the assistant message before them, each function output is a `tool` message."""
+        messages = [ChatMessage(role="system", content=self.instructions)] if self.instructions else []
+        for item in self.items:
+            if isinstance(item, MessageItem):
+                messages.append(ChatMessage(role=item.role, content=item.text()))
+            elif isinstance(item, FunctionCallItem):
+                call = ToolCall(id=item.call_id, function=FunctionCall(name=item.name, arguments=item.arguments))
+                last = messages[-1] if messages else None
+                if last is not None and last.role == "assistant":
+                    last.tool_calls = [*(last.tool_calls or []), call]
+                else:
+                    messages.append(ChatMessage(role="assistant", content=None, tool_calls=[call]))
+            else:
+                messages.append(ChatMessage(role="tool", content=item.text(), tool_call_id=item.call_id))
+        return messages
+
+    def to_chat(self) -> dict[str, Any]:
+        """The chat completion body this request amounts to (validated as ChatCompletionRequest in serving)."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": [message.model_dump(exclude_none=True) for message in self.chat_messages()],
+            "max_tokens": self.max_output_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "response_format": self.format.to_chat(),
+        }
+        if self.tools:
+            body["tools"] = [tool.to_chat() for tool in self.tools]
+        if isinstance(self.tool_choice, FunctionToolChoice):
+            body["tool_choice"] = {"type": "function", "function": {"name": self.tool_choice.name}}
+        elif self.tool_choice is not None:
+            body["tool_choice"] = self.tool_choice
+        return body
+
+    def echo(self) -> dict[str, Any]:
+        """The request's settings as the Response object repeats them."""
+        tool_choice = self.tool_choice or "auto"
+        return {
+            "instructions": self.instructions,
+            "tools": [tool.echo() for tool in self.tools or []],
+            "tool_choice": tool_choice.model_dump() if isinstance(tool_choice, FunctionToolChoice) else tool_choice,
+            "text": {"format": self.format.echo()},
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_output_tokens": self.max_output_tokens,
+            "parallel_tool_calls": True if self.parallel_tool_calls is None else self.parallel_tool_calls,
+            "metadata": self.metadata or {},
+            "store": bool(self.store) if self.store is not None else False,
+            "user": self.user,
+        }
+
+
+__all__ = ["FunctionCallItem", "FunctionCallOutputItem", "MessageItem", "ResponsesRequest",
+           "ResponsesTool", "TextFormat"]

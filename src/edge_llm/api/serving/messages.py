@@ -1,0 +1,187 @@
+"""POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API (the anthropic SDKs, Claude Code).
+
+It is the chat family in Anthropic's dialect, so it extends ChatServing: the same chat template and prompt
+building, the same forced-call grammar (tool_choice `any` / `tool`) and `<tool_call>` parser (`auto`). What differs
+is the wire: content blocks in and out, Anthropic's SSE events, stop_reason, usage, and its error envelope (chosen
+by path in api/errors.py, so middleware refusals on these routes wear it too).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from edge_llm.api.errors import invalid_request
+from edge_llm.api.protocol_anthropic import (
+    CountTokensRequest,
+    MessagesRequest,
+    new_message_id,
+    stop_reason,
+    tool_input,
+    tool_use_id,
+    usage,
+)
+from edge_llm.api.serving.base import Generation, failure_error
+from edge_llm.api.serving.chat import ChatServing
+from edge_llm.api.sse import encode_json_event
+from edge_llm.engine.types import Failed, Finished, TextDelta
+from edge_llm.prompting.tools import ParsedToolCall, ToolCallParser, forced_call_grammar
+
+logger = logging.getLogger(__name__)
+
+
+class MessagesServing(ChatServing):
+    async def messages(self, request: Request) -> Response:
+        body = await self.json_body(request)
+        if "max_tokens" not in body:  # Anthropic requires it; say so plainly instead of pydantic's wording
+            raise invalid_request("max_tokens: Field required", param="max_tokens",
+                                  code="missing_required_parameter")
+        anthropic = self.parse(MessagesRequest, body)
+        self.check_model(anthropic.model)
+        grammar = await self.off_loop(self._forced_grammar, anthropic)
+        tools = anthropic.openai_tools()
+        prompt = await self.off_loop(self._build_prompt, anthropic.to_chat_messages(), tools)
+        generation = self.start(
+            [prompt], n=1, max_tokens=anthropic.max_tokens,
+            sampling=lambda _: anthropic.sampling_params(self.defaults, grammar),
+            stop=tuple(anthropic.stop_sequences or ()), logprobs=None,
+        )
+        headers = {**self.headers(generation), "request-id": generation.request_id}  # the SDK reads request-id
+        if anthropic.stream:
+            return self.stream(generation, self._events(generation, bool(tools)), headers=headers)
+        result = (await self.collect(request, generation))[0]
+        assert result.finished is not None
+        return JSONResponse(self._message(generation, result.text, result.finished, bool(tools)), headers=headers)
+
+    async def count_tokens(self, request: Request) -> Response:
+        body = self.parse(CountTokensRequest, await self.json_body(request))
+        self.check_model(body.model)
+        prompt = await self.off_loop(self._build_prompt, body.to_chat_messages(), body.openai_tools())
+        return JSONResponse({"input_tokens": len(prompt)})
+
+    def _forced_grammar(self, anthropic: MessagesRequest) -> str | None:
+        """tool_choice `any` or `tool`: a grammar makes the answer one call (runs in the tokenizer thread)."""
+        functions = anthropic.forced_functions()
+        if functions is None:
+            return None
+        to_gbnf = functools.partial(self.schema_to_gbnf, param="tools")
+        return self.checked_grammar(forced_call_grammar(functions, to_gbnf), param="tool_choice")
+
+    # ---- the answer ----------------------------------------------------------------------------
+
+    def _message(self, generation: Generation, text: str, finished: Finished, tools: bool) -> dict[str, Any]:
+        calls: list[ParsedToolCall] = []
+        if tools:
+            parser = ToolCallParser()
+            head, _ = parser.feed(text)
+            tail, _ = parser.finish()
+            text, calls = head + tail, parser.calls
+        content: list[dict[str, Any]] = []
+        if text or not calls:  # a text block even when empty, so content[0] is there for simple clients
+            content.append({"type": "text", "text": text})
+        content.extend(tool_use_block(call) for call in calls)
+        reason = stop_reason(finished, bool(calls))
+        return {
+            "id": new_message_id(),
+            "type": "message",
+            "role": "assistant",
+            "content": content,
+            "model": self.model_id,
+            "stop_reason": reason,
+            "stop_sequence": finished.stop_sequence if reason == "stop_sequence" else None,
+            "usage": usage(generation.prompt_lengths[0], finished.usage.completion_tokens,
+                           finished.usage.cached_tokens),
+        }
+
+    async def _events(self, generation: Generation, tools: bool) -> AsyncIterator[bytes]:
+        """Anthropic's event sequence: message_start, ping, content blocks (start, deltas, stop), message_delta
+        with stop_reason and usage, message_stop; an `error` event when the engine fails midway."""
+        blocks = _Blocks()
+        parser = ToolCallParser() if tools else None
+        yield event("message_start", {"type": "message_start", "message": {
+            "id": new_message_id(), "type": "message", "role": "assistant", "content": [], "model": self.model_id,
+            "stop_reason": None, "stop_sequence": None,
+            # The cached part of the prompt is known only at the end: message_delta has the final figures.
+            "usage": usage(generation.prompt_lengths[0], 0, 0)}})
+        yield event("ping", {"type": "ping"})
+        async for _, engine_event in generation.channel.choice_events():
+            if isinstance(engine_event, TextDelta):
+                text, calls = parser.feed(engine_event.text) if parser else (engine_event.text, [])
+                for data in blocks.add(text, calls):
+                    yield data
+            elif isinstance(engine_event, Finished):
+                text, calls = parser.finish() if parser else ("", [])
+                for data in blocks.add(text, calls):
+                    yield data
+                for data in blocks.close(final=True):
+                    yield data
+                reason = stop_reason(engine_event, bool(parser and parser.calls))
+                yield event("message_delta", {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": reason,
+                              "stop_sequence": engine_event.stop_sequence if reason == "stop_sequence" else None},
+                    "usage": usage(generation.prompt_lengths[0], engine_event.usage.completion_tokens,
+                                   engine_event.usage.cached_tokens)})
+                yield event("message_stop", {"type": "message_stop"})
+            elif isinstance(engine_event, Failed):
+                yield event("error", failure_error(engine_event).anthropic_body())
+
+
+class _Blocks:
+    """The content blocks of a streamed answer: a text block opens at the first text and closes before a tool_use
+    block; each tool call is a whole block (start, one input_json_delta, stop)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.text_open = False
+
+    def add(self, text: str, calls: list[ParsedToolCall]) -> list[bytes]:
+        out: list[bytes] = []
+        if text:
+            if not self.text_open:
+                out.append(self._start({"type": "text", "text": ""}))
+                self.text_open = True
+            out.append(event("content_block_delta", {"type": "content_block_delta", "index": self.count - 1,
+                                                     "delta": {"type": "text_delta", "text": text}}))
+        for call in calls:
+            out.extend(self.close())
+            block = tool_use_block(call)
+            out.append(self._start({**block, "input": {}}))
+            out.append(event("content_block_delta", {
+                "type": "content_block_delta", "index": self.count - 1,
+                "delta": {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)},
+            }))
+            out.append(self._stop())
+        return out
+
+    def close(self, final: bool = False) -> list[bytes]:
+        """Closes an open text block; at the end, an answer without any block gets an empty text block."""
+        if self.text_open:
+            self.text_open = False
+            return [self._stop()]
+        if final and self.count == 0:
+            return [self._start({"type": "text", "text": ""}), self._stop()]
+        return []
+
+    def _start(self, block: dict[str, Any]) -> bytes:
+        self.count += 1
+        return event("content_block_start", {"type": "content_block_start", "index": self.count - 1,
+                                             "content_block": block})
+
+    def _stop(self) -> bytes:
+        return event("content_block_stop", {"type": "content_block_stop", "index": self.count - 1})
+
+
+def tool_use_block(call: ParsedToolCall) -> dict[str, Any]:
+    return {"type": "tool_use", "id": tool_use_id(call.id), "name": call.name, "input": tool_input(call.arguments)}
+
+
+def event(name: str, payload: dict[str, Any]) -> bytes:
+    """Anthropic names each event and repeats the name as the payload's `type`."""
+    return encode_json_event(payload, event=name)

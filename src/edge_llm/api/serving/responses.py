@@ -1,0 +1,128 @@
+"""POST /v1/responses: OpenAI's Responses API, stateless.
+
+The body becomes the chat request it amounts to (api/protocol_responses.py), so the chat family's template,
+grammars (text.format, a forced tool call) and tool-call parser serve it unchanged; the answer goes out as a
+Response object or as the Responses event stream (serving/responses_events.py). Nothing is stored:
+`previous_response_id` and `conversation` are refused with a message that says so.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from edge_llm.api.errors import invalid_request
+from edge_llm.api.protocol import ChatCompletionRequest
+from edge_llm.api.protocol_responses import FunctionToolChoice, ResponsesRequest
+from edge_llm.api.serving.base import Generation, total_usage
+from edge_llm.api.serving.chat import ChatPlan, ChatServing
+from edge_llm.api.serving.responses_events import Event, ResponseBuilder
+from edge_llm.api.sse import encode_json_event
+from edge_llm.engine.types import Failed, FinishReason, Finished, TextDelta
+from edge_llm.prompting.tools import ToolCallParser
+
+logger = logging.getLogger(__name__)
+
+_INCOMPLETE = {FinishReason.LENGTH: "max_output_tokens", FinishReason.TIMEOUT: "timeout"}
+
+
+def refuse_unsupported(body: ResponsesRequest) -> None:
+    """What a stateless server with function tools only cannot do, refused with the reason."""
+    for field in ("previous_response_id", "conversation"):
+        if getattr(body, field) is not None:
+            raise invalid_request(
+                f"'{field}' is not supported: this server is stateless and stores no responses ('store' is accepted "
+                "but nothing is kept). Send the whole conversation in 'input' instead.",
+                param=field, code="unsupported_parameter")
+    if body.prompt is not None:
+        raise invalid_request("'prompt' (a stored prompt template) is not supported: this server stores no prompts; "
+                              "send 'instructions' and 'input'", param="prompt", code="unsupported_parameter")
+    if body.background:
+        raise invalid_request("'background' responses are not supported: this server stores no responses",
+                              param="background", code="unsupported_parameter")
+    others = sorted({tool.type for tool in body.tools or [] if tool.type != "function"})
+    if others:
+        raise invalid_request(f"Tools of type {', '.join(repr(t) for t in others)} are not supported; this server "
+                              "runs function tools only ({\"type\": \"function\", \"name\": ...})",
+                              param="tools", code="unsupported_tool_type")
+    names = [tool.name for tool in body.tools or []]
+    if not all(names):
+        raise invalid_request("A function tool needs a 'name'", param="tools", code="missing_required_parameter")
+    if isinstance(body.tool_choice, FunctionToolChoice) and body.tool_choice.name not in names:
+        raise invalid_request(f"tool_choice names '{body.tool_choice.name}', which is not in tools",
+                              param="tool_choice")
+    if body.tool_choice == "required" and not names:
+        raise invalid_request("tool_choice 'required' needs tools", param="tool_choice")
+
+
+class ResponsesServing(ChatServing):
+    """A chat family underneath (its prompt builder and grammars); the Responses shapes on top."""
+
+    async def responses(self, request: Request) -> Response:
+        body = self.parse(ResponsesRequest, await self.json_body(request))
+        self.check_model(body.model)
+        refuse_unsupported(body)
+        chat = self.parse(ChatCompletionRequest, body.to_chat())
+        tools = [tool.model_dump(exclude_none=True) for tool in chat.active_tools]
+        plan = ChatPlan(grammar=await self.off_loop(self._chat_grammar, chat), tools=bool(tools))
+        prompt = await self.off_loop(self._build_prompt, chat.to_messages(), tools or None)
+        generation = self.start(
+            [prompt], n=1, max_tokens=body.max_output_tokens,
+            sampling=lambda choice: chat.sampling_params(self.defaults, choice, plan.grammar),
+            stop=(), logprobs=None,
+        )
+        builder = ResponseBuilder(self.model_id, body.echo())
+        parser = ToolCallParser() if plan.tools else None
+        if body.stream:
+            return self.stream(generation, self._events(generation, builder, parser))
+        result = (await self.collect(request, generation))[0]
+        assert result.finished is not None
+        answer_events(builder, parser, result.text)
+        final = finish_events(builder, parser, generation, result.finished)[-1]["response"]
+        return JSONResponse(final, headers=self.headers(generation))
+
+    async def _events(self, generation: Generation, builder: ResponseBuilder, parser: ToolCallParser | None
+                      ) -> AsyncIterator[bytes]:
+        for event in builder.start():
+            yield encode(event)
+        async for _, engine_event in generation.channel.choice_events():
+            if isinstance(engine_event, TextDelta):
+                events = answer_events(builder, parser, engine_event.text)
+            elif isinstance(engine_event, Finished):
+                events = finish_events(builder, parser, generation, engine_event)
+            elif isinstance(engine_event, Failed):
+                events = builder.failed(engine_event.message)
+            else:
+                continue
+            for event in events:
+                yield encode(event)
+
+
+def answer_events(builder: ResponseBuilder, parser: ToolCallParser | None, text: str) -> list[Event]:
+    """The events for a piece of the answer: its text, and any tool call the parser completed in it."""
+    content, calls = parser.feed(text) if parser is not None else (text, [])
+    events = builder.text(content)
+    for call in calls:
+        events += builder.tool_call(call)
+    return events
+
+
+def finish_events(builder: ResponseBuilder, parser: ToolCallParser | None, generation: Generation,
+                  finished: Finished) -> list[Event]:
+    """What the parser still held, then the end; the last event carries the final Response."""
+    events: list[Event] = []
+    if parser is not None:
+        rest, calls = parser.finish()
+        events += builder.text(rest)
+        for call in calls:
+            events += builder.tool_call(call)
+    usage = total_usage(generation, [finished])
+    return events + builder.finish(usage, incomplete_reason=_INCOMPLETE.get(finished.reason))
+
+
+def encode(event: Event) -> bytes:
+    """An SSE event named by its type (the Responses stream has no [DONE])."""
+    return encode_json_event(event, event=event["type"])

@@ -1,0 +1,118 @@
+"""What clients written for llama-server (and other servers) send: unknown fields, llama-server's native fields,
+routes without /v1, /health, and tool calls the default model writes without their tags."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from edge_llm.testing.server import RunningServer, run_server
+from tests.helpers import chat_body
+
+CHAT = "/v1/chat/completions"
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+@pytest.fixture(scope="module")
+def strict_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    with run_server(tmp_path_factory.mktemp("strict"), "--strict-params", "--parallel", "1", "--ctx-size", "512",
+                    "--cache-slots", "0") as running:
+        yield running
+
+
+def test_unknown_fields_are_ignored_and_named_in_a_header(server: RunningServer) -> None:
+    response = httpx.post(server.url + CHAT, json=chat_body(id_slot=0, samplers=["top_k"], use_beam_search=False),
+                          timeout=60)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-edge-llm-ignored-fields"] == "id_slot,samplers,use_beam_search"
+    assert response.json()["choices"][0]["message"]["content"] is not None
+    plain = httpx.post(server.url + CHAT, json=chat_body(), timeout=60)
+    assert "x-edge-llm-ignored-fields" not in plain.headers
+    completion = httpx.post(server.url + "/v1/completions", json={"prompt": "1, 2, 3,", "max_tokens": 2,
+                                                                  "typical_p": 1.0}, timeout=60)
+    assert completion.status_code == 200 and completion.headers["x-edge-llm-ignored-fields"] == "typical_p"
+
+
+def test_strict_params_refuses_unknown_fields(strict_server: RunningServer) -> None:
+    response = httpx.post(strict_server.url + CHAT, json=chat_body(id_slot=0), timeout=60)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "unknown_parameter" and response.json()["error"]["param"] == "id_slot"
+
+
+def test_routes_without_v1_and_health(server: RunningServer, model_id: str) -> None:
+    client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)  # no /v1
+    answer = client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "Hi"}],
+                                            max_tokens=2)
+    assert answer.choices[0].message.content is not None
+    assert client.completions.create(model=model_id, prompt="1, 2,", max_tokens=2).choices[0].text is not None
+    assert [m.id for m in client.models.list()] == [model_id]
+    health = httpx.get(server.url + "/health")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+
+
+def test_n_predict_bounds_the_answer(server: RunningServer) -> None:
+    body = {"messages": [{"role": "user", "content": "Count from 1 to 50."}], "temperature": 0, "n_predict": 5}
+    result = httpx.post(server.url + CHAT, json=body, timeout=60).json()
+    assert result["usage"]["completion_tokens"] == 5 and result["choices"][0]["finish_reason"] == "length"
+    completion = httpx.post(server.url + "/completions", json={"prompt": "1, 2, 3,", "n_predict": 3},
+                            timeout=60).json()
+    assert completion["usage"]["completion_tokens"] == 3
+
+
+def test_a_gbnf_grammar_and_a_json_schema_shape_the_answer(server: RunningServer) -> None:
+    ask = {"messages": [{"role": "user", "content": "Is the sky blue? Answer yes or no."}], "temperature": 0.8,
+           "max_tokens": 8}
+    for _ in range(3):
+        answer = httpx.post(server.url + CHAT, json={**ask, "grammar": 'root ::= "yes" | "no"'}, timeout=60).json()
+        assert answer["choices"][0]["message"]["content"] in ("yes", "no")
+    schema = {"type": "object", "properties": {"colour": {"type": "string", "enum": ["blue", "red"]}},
+              "required": ["colour"]}
+    shaped = httpx.post(server.url + "/v1/completions", timeout=60,
+                        json={"prompt": "The sky as JSON:", "json_schema": schema, "max_tokens": 32}).json()
+    assert json.loads(shaped["choices"][0]["text"])["colour"] in ("blue", "red")
+    broken = httpx.post(server.url + CHAT, json={**ask, "grammar": "root ::= (("}, timeout=60)
+    assert broken.status_code == 400 and broken.json()["error"]["param"] == "grammar"
+    both = httpx.post(server.url + CHAT, json={**ask, "grammar": 'root ::= "a"', "json_schema": schema}, timeout=60)
+    assert both.status_code == 400
+
+
+def test_cache_prompt_false_neither_reuses_nor_leaves_a_cache_entry(server: RunningServer) -> None:
+    content = "Name three prime numbers. " + "Be brief. " * 40
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": 2, "temperature": 0}
+    uncached = httpx.post(server.url + CHAT, json={**body, "cache_prompt": False}, timeout=60).json()
+    again = httpx.post(server.url + CHAT, json={**body, "cache_prompt": False}, timeout=60).json()
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert uncached["usage"]["prompt_tokens"] == again["usage"]["prompt_tokens"]
+    httpx.post(server.url + CHAT, json=body, timeout=60)  # the default: leaves an entry
+    cached = httpx.post(server.url + CHAT, json=body, timeout=60).json()
+    assert cached["usage"]["prompt_tokens_details"]["cached_tokens"] > cached["usage"]["prompt_tokens"] // 2
+
+
+def test_n_probs_returns_logprobs(server: RunningServer) -> None:
+    result = httpx.post(server.url + CHAT, json=chat_body(n_probs=3), timeout=60).json()
+    entries = result["choices"][0]["logprobs"]["content"]
+    assert entries and all(len(entry["top_logprobs"]) == 3 for entry in entries)
+
+
+def test_auto_tool_choice_turns_a_bare_call_into_tool_calls(client: openai.OpenAI, model_id: str) -> None:
+    """The default model answers an auto tool choice with a bare `{"name", "arguments"}` object, no tags."""
+    ask = {"model": model_id, "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+           "tools": [WEATHER], "tool_choice": "auto", "temperature": 0, "max_tokens": 60}
+    result = client.chat.completions.create(**ask)
+    choice = result.choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message.content
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "get_weather" and "city" in json.loads(call.function.arguments)
+    with client.chat.completions.create(stream=True, **ask) as stream:
+        chunks = list(stream)
+    streamed = [c for chunk in chunks if chunk.choices for c in chunk.choices[0].delta.tool_calls or []]
+    assert [c.function.name for c in streamed] == ["get_weather"]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    prose = client.chat.completions.create(**{**ask, "messages": [{"role": "user", "content": "Say hello."}]})
+    assert prose.choices[0].finish_reason != "tool_calls" or prose.choices[0].message.tool_calls

@@ -1,0 +1,107 @@
+"""POST /v1/responses on the real model with the official openai client (and the openai-agents SDK)."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+
+from edge_llm.testing.server import RunningServer
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "The current weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                          "additionalProperties": False}}
+
+
+def test_plain_answer_with_usage(client: openai.OpenAI, model_id: str) -> None:
+    response = client.responses.create(model=model_id, instructions="Answer in one short sentence.",
+                                       input="What is the capital of France?", max_output_tokens=24, temperature=0)
+    assert response.object == "response" and response.id.startswith("resp_")
+    assert response.status in ("completed", "incomplete") and response.error is None
+    assert response.output_text.strip()
+    assert response.output[0].type == "message" and response.output[0].role == "assistant"
+    usage = response.usage
+    assert usage is not None and usage.input_tokens > 0 and 0 < usage.output_tokens <= 24
+    assert usage.total_tokens == usage.input_tokens + usage.output_tokens
+    assert usage.output_tokens_details.reasoning_tokens == 0
+
+
+def test_an_answer_cut_short_is_incomplete(client: openai.OpenAI, model_id: str) -> None:
+    response = client.responses.create(model=model_id, input="Count from 1 to 50, separated by commas.",
+                                       max_output_tokens=4, temperature=0)
+    assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    assert response.usage.output_tokens == 4
+
+
+def test_streamed_events_come_in_order_and_the_deltas_make_the_answer(client: openai.OpenAI, model_id: str
+                                                                      ) -> None:
+    with client.responses.create(model=model_id, input="Say hello in three words.", max_output_tokens=16,
+                                 temperature=0, stream=True) as stream:
+        events = list(stream)
+    kinds = [event.type for event in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          events[-1].type]
+    assert events[-1].type in ("response.completed", "response.incomplete")
+    assert set(kinds[4:-4]) == {"response.output_text.delta"}
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    deltas = "".join(event.delta for event in events if event.type == "response.output_text.delta")
+    assert deltas and deltas == events[-1].response.output_text == events[-4].text
+    assert events[-1].response.usage.output_tokens > 0
+
+
+def test_json_schema_text_format_is_enforced(client: openai.OpenAI, model_id: str) -> None:
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    response = client.responses.create(
+        model=model_id, input="Invent a person. Reply in JSON.", max_output_tokens=60, temperature=0,
+        text={"format": {"type": "json_schema", "name": "person", "schema": schema, "strict": True}})
+    jsonschema.validate(json.loads(response.output_text), schema)
+    assert response.text.format.type == "json_schema"
+
+
+def test_tool_round_trip(client: openai.OpenAI, model_id: str) -> None:
+    question = {"role": "user", "content": "What is the weather in Paris?"}
+    first = client.responses.create(model=model_id, input=[question], tools=[WEATHER], tool_choice="required",
+                                    max_output_tokens=60, temperature=0)
+    (call,) = [item for item in first.output if item.type == "function_call"]
+    assert call.name == "get_weather" and call.call_id
+    jsonschema.validate(json.loads(call.arguments), WEATHER["parameters"])
+    # Stateless: the client sends the conversation back with the call and its output.
+    second = client.responses.create(
+        model=model_id, tools=[WEATHER], max_output_tokens=40, temperature=0,
+        input=[question, call.model_dump(exclude_none=True),
+               {"type": "function_call_output", "call_id": call.call_id, "output": '{"temperature_c": 18}'}])
+    assert second.output[0].type == "message" and second.output_text.strip()
+
+
+def test_streamed_tool_call(client: openai.OpenAI, model_id: str) -> None:
+    with client.responses.create(model=model_id, input="Weather in Oslo?", tools=[WEATHER],
+                                 tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=60,
+                                 temperature=0, stream=True) as stream:
+        events = list(stream)
+    kinds = [event.type for event in events]
+    assert "response.function_call_arguments.delta" in kinds and kinds[-1] == "response.completed"
+    done = next(event for event in events if event.type == "response.function_call_arguments.done")
+    assert json.loads(done.arguments)["city"]
+    assert events[-1].response.output[-1].type == "function_call"
+
+
+def test_previous_response_id_is_a_clear_400(client: openai.OpenAI, model_id: str) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model=model_id, input="Hi", previous_response_id="resp_123")
+    assert "stateless" in caught.value.message and caught.value.body["param"] == "previous_response_id"
+
+
+def test_openai_agents_sdk_runs_an_agent_against_the_server(server: RunningServer, model_id: str) -> None:
+    agents = pytest.importorskip("agents")
+    agents.set_tracing_disabled(True)  # traces would go to OpenAI's servers
+    client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    agent = agents.Agent(name="Helper", instructions="Answer in one short sentence.",
+                         model=agents.OpenAIResponsesModel(model=model_id, openai_client=client),
+                         model_settings=agents.ModelSettings(max_tokens=24, temperature=0))
+    result = agents.Runner.run_sync(agent, "What is 2 + 2?")
+    assert isinstance(result.final_output, str) and result.final_output.strip()

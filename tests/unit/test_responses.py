@@ -1,0 +1,172 @@
+"""The Responses API's pure parts: input items → chat messages, output items, the event sequence; checked against
+the official openai package's types so its client parses what the server sends."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter, ValidationError
+
+from edge_llm.api.errors import APIError
+from edge_llm.api.protocol import ChatCompletionRequest
+from edge_llm.api.protocol_responses import ResponsesRequest
+from edge_llm.api.serving.responses import answer_events, encode, refuse_unsupported
+from edge_llm.api.serving.responses_events import ResponseBuilder
+from edge_llm.api.sse import decode_events
+from edge_llm.engine.types import Usage
+from edge_llm.prompting.tools import ParsedToolCall, ToolCallParser
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+USAGE = Usage(prompt_tokens=20, completion_tokens=5, cached_tokens=4)
+EVENTS = TypeAdapter(ResponseStreamEvent)
+
+
+def request(**fields: Any) -> ResponsesRequest:
+    return ResponsesRequest.model_validate({"model": "m", **fields})
+
+
+def builder(**fields: Any) -> ResponseBuilder:
+    return ResponseBuilder("m", request(input="hi", **fields).echo())
+
+
+# ---- input → chat -------------------------------------------------------------------------------
+
+
+def test_a_string_input_is_one_user_message_after_the_instructions() -> None:
+    chat = ChatCompletionRequest.model_validate(request(input="Hello", instructions="Be brief.").to_chat())
+    assert chat.to_messages() == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
+
+
+def test_items_become_chat_messages_with_tool_calls_and_tool_results() -> None:
+    body = request(input=[
+        {"role": "developer", "content": "Use tools."},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather in "},
+                                                         {"type": "input_text", "text": "Paris?"}]},
+        {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+         "content": [{"type": "output_text", "text": "Checking.", "annotations": []}]},
+        {"type": "function_call", "id": "fc_1", "call_id": "call_a", "name": "get_weather",
+         "arguments": '{"city": "Paris"}', "status": "completed"},
+        {"type": "function_call", "call_id": "call_b", "name": "get_weather", "arguments": '{"city": "Lyon"}'},
+        {"type": "function_call_output", "call_id": "call_a", "output": "18 C"},
+        {"type": "function_call_output", "call_id": "call_b", "output": [{"type": "input_text", "text": "20 C"}]},
+    ], tools=[WEATHER])
+    messages = ChatCompletionRequest.model_validate(body.to_chat()).to_messages()
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "tool"]
+    assert messages[1]["content"] == "Weather in Paris?"
+    assert messages[2]["content"] == "Checking."
+    assert [c["function"]["arguments"] for c in messages[2]["tool_calls"]] == [{"city": "Paris"}, {"city": "Lyon"}]
+    assert [(m["tool_call_id"], m["content"]) for m in messages[3:]] == [("call_a", "18 C"), ("call_b", "20 C")]
+
+
+def test_tools_tool_choice_and_text_format_map_to_the_chat_request() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    body = request(input="x", tools=[WEATHER], tool_choice={"type": "function", "name": "get_weather"},
+                   text={"format": {"type": "json_schema", "name": "out", "schema": schema, "strict": True}},
+                   max_output_tokens=7, temperature=0.2, top_p=0.5)
+    chat = ChatCompletionRequest.model_validate(body.to_chat())
+    assert chat.tools[0].function.name == "get_weather"
+    assert chat.tool_choice.function.name == "get_weather"
+    assert chat.response_format.json_schema.schema_ == schema
+    assert (chat.max_tokens, chat.temperature, chat.top_p) == (7, 0.2, 0.5)
+
+
+@pytest.mark.parametrize("item, words", [
+    ({"type": "web_search_call", "id": "x"}, "'web_search_call'"),
+    ({"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}, "'input_image'"),
+])
+def test_other_item_and_part_types_are_refused_by_name(item: dict[str, Any], words: str) -> None:
+    with pytest.raises(ValidationError, match=words):
+        request(input=[item])
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"conversation": "conv_1"}, "conversation"),
+    ({"tools": [WEATHER, {"type": "web_search"}, {"type": "file_search"}]}, "tools"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "other"}}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+])
+def test_what_a_stateless_server_cannot_do_is_a_400_that_says_why(fields: dict[str, Any], param: str) -> None:
+    with pytest.raises(APIError) as caught:
+        refuse_unsupported(request(input="x", **fields))
+    assert (caught.value.status, caught.value.param) == (400, param)
+    if param == "tools":
+        assert "'file_search', 'web_search'" in caught.value.message
+    if param == "previous_response_id":
+        assert "stores no responses" in caught.value.message
+
+
+# ---- the answer ---------------------------------------------------------------------------------
+
+
+def test_a_text_answer_streams_the_full_event_sequence_and_ends_in_the_same_response() -> None:
+    answer = builder()
+    events = answer.start() + answer.text("Hello") + answer.text(", world") + answer.finish(USAGE)
+    assert [e["type"] for e in events] == [
+        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.delta", "response.output_text.done",
+        "response.content_part.done", "response.output_item.done", "response.completed"]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    parsed = [EVENTS.validate_python(e) for e in events]  # the openai package's own types
+    final = Response.model_validate(events[-1]["response"])
+    assert final.output_text == "Hello, world" == "".join(e.delta for e in parsed if e.type.endswith("text.delta"))
+    assert final.status == "completed" and final.usage is not None
+    assert (final.usage.input_tokens, final.usage.output_tokens, final.usage.total_tokens) == (20, 5, 25)
+    assert final.usage.input_tokens_details.cached_tokens == 4
+    assert final.output[0].content[0].annotations == []
+
+
+def test_a_tool_call_is_a_function_call_item_and_leading_whitespace_makes_no_message() -> None:
+    answer = builder(tools=[WEATHER], tool_choice="required")
+    parser = ToolCallParser()
+    events = answer.start()
+    for piece in ["\n", '<tool_call>\n{"name": "get_weather", ', '"arguments": {"city": "Paris"}}\n</tool_call>']:
+        events += answer_events(answer, parser, piece)
+    events += answer.finish(USAGE)
+    assert [e["type"] for e in events] == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.function_call_arguments.delta", "response.function_call_arguments.done",
+        "response.output_item.done", "response.completed"]
+    for event in events:
+        EVENTS.validate_python(event)
+    final = Response.model_validate(events[-1]["response"])
+    (call,) = final.output
+    assert call.type == "function_call" and call.name == "get_weather" and call.call_id.startswith("call_")
+    assert json.loads(call.arguments) == {"city": "Paris"}
+    assert final.tools[0].name == "get_weather" and final.tool_choice == "required"
+
+
+def test_text_before_a_tool_call_is_its_own_message_item() -> None:
+    answer = builder()
+    answer.text("Let me check.")
+    answer.tool_call(ParsedToolCall("call_1", "get_weather", '{"city": "Oslo"}'))
+    final = Response.model_validate(answer.finish(USAGE)[-1]["response"])
+    assert [item.type for item in final.output] == ["message", "function_call"]
+    assert final.output_text == "Let me check."
+
+
+def test_an_answer_cut_at_max_output_tokens_is_incomplete() -> None:
+    answer = builder(max_output_tokens=3)
+    answer.text("One two")
+    last = answer.finish(USAGE, incomplete_reason="max_output_tokens")[-1]
+    assert last["type"] == "response.incomplete"
+    final = Response.model_validate(last["response"])
+    assert final.status == "incomplete" and final.incomplete_details.reason == "max_output_tokens"
+    assert final.output[0].status == "incomplete" and final.max_output_tokens == 3
+
+
+def test_an_empty_answer_still_has_one_message_item() -> None:
+    answer = builder()
+    answer.text(" ")
+    final = Response.model_validate(answer.finish(USAGE)[-1]["response"])
+    assert final.output_text == " " and len(final.output) == 1
+
+
+def test_each_event_is_an_sse_event_named_by_its_type() -> None:
+    event = builder().start()[0]
+    ((name, data),) = decode_events(encode(event).decode())
+    assert name == "response.created" == json.loads(data)["type"]
