@@ -122,10 +122,10 @@ def test_missing_max_tokens_is_a_400_in_anthropics_envelope(claude: anthropic.An
 
 def test_an_unknown_model_is_a_404_not_found_error(claude: anthropic.Anthropic) -> None:
     with pytest.raises(anthropic.NotFoundError) as raised:
-        claude.messages.create(model="claude-sonnet-4-5", max_tokens=4, messages=SAY_HELLO)
+        claude.messages.create(model="no-such-model", max_tokens=4, messages=SAY_HELLO)
     assert raised.value.body["error"]["type"] == "not_found_error"
     with pytest.raises(anthropic.NotFoundError):
-        claude.messages.count_tokens(model="claude-sonnet-4-5", messages=SAY_HELLO)
+        claude.messages.count_tokens(model="no-such-model", messages=SAY_HELLO)
 
 
 @pytest.fixture(scope="module")

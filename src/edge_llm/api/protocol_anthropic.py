@@ -131,6 +131,16 @@ class AnthropicToolChoice(_Strict):
         return self
 
 
+class AnthropicJsonFormat(_Strict):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class AnthropicOutputConfig(_Strict):
+    format: AnthropicJsonFormat | None = None  # structured output: the answer follows the schema (a grammar)
+    effort: str | None = None  # ignored
+
+
 # ---- requests --------------------------------------------------------------------------------
 
 
@@ -196,9 +206,21 @@ class MessagesRequest(CountTokensRequest):
     temperature: float | None = Field(None, ge=0.0, le=1.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0, le=1000)
+    output_config: AnthropicOutputConfig | None = None
     # Accepted and ignored: they do not change the answer.
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None
+
+    @model_validator(mode="after")
+    def _one_grammar(self) -> MessagesRequest:
+        if self.output_schema is not None and self.forced_functions() is not None:
+            raise ValueError("output_config.format cannot be combined with a forced tool call (tool_choice any/tool)")
+        return self
+
+    @property
+    def output_schema(self) -> dict[str, Any] | None:
+        config = self.output_config
+        return None if config is None or config.format is None else config.format.schema_
 
     @field_validator("stop_sequences")
     @classmethod

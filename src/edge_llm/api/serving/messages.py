@@ -44,9 +44,9 @@ class MessagesServing(ChatServing):
                                   code="missing_required_parameter")
         anthropic = self.parse(MessagesRequest, body)
         self.check_model(anthropic.model)
-        grammar = await self.off_loop(self._forced_grammar, anthropic)
-        tools = anthropic.openai_tools()
-        prompt = await self.off_loop(self._build_prompt, anthropic.to_chat_messages(), tools)
+        grammar = await self.off_loop(self._grammar, anthropic)
+        prompt = await self.off_loop(self._build_prompt, anthropic.to_chat_messages(), anthropic.openai_tools())
+        names = tuple(tool.name for tool in anthropic.active_tools)  # what the tool-call parser looks for
         generation = self.start(
             [prompt], n=1, max_tokens=anthropic.max_tokens,
             sampling=lambda _: anthropic.sampling_params(self.defaults, grammar),
@@ -54,10 +54,10 @@ class MessagesServing(ChatServing):
         )
         headers = {**self.headers(generation), "request-id": generation.request_id}  # the SDK reads request-id
         if anthropic.stream:
-            return self.stream(generation, self._events(generation, bool(tools)), headers=headers)
+            return self.stream(generation, self._events(generation, names), headers=headers)
         result = (await self.collect(request, generation))[0]
         assert result.finished is not None
-        return JSONResponse(self._message(generation, result.text, result.finished, bool(tools)), headers=headers)
+        return JSONResponse(self._message(generation, result.text, result.finished, names), headers=headers)
 
     async def count_tokens(self, request: Request) -> Response:
         body = self.parse(CountTokensRequest, await self.json_body(request))
@@ -65,8 +65,12 @@ class MessagesServing(ChatServing):
         prompt = await self.off_loop(self._build_prompt, body.to_chat_messages(), body.openai_tools())
         return JSONResponse({"input_tokens": len(prompt)})
 
-    def _forced_grammar(self, anthropic: MessagesRequest) -> str | None:
-        """tool_choice `any` or `tool`: a grammar makes the answer one call (runs in the tokenizer thread)."""
+    def _grammar(self, anthropic: MessagesRequest) -> str | None:
+        """tool_choice `any` / `tool`: a grammar makes the answer one call; output_config.format: the answer follows
+        the schema (runs in the tokenizer thread)."""
+        if anthropic.output_schema is not None:
+            gbnf = self.schema_to_gbnf(anthropic.output_schema, param="output_config.format")
+            return self.checked_grammar(gbnf, param="output_config.format")
         functions = anthropic.forced_functions()
         if functions is None:
             return None
@@ -75,10 +79,11 @@ class MessagesServing(ChatServing):
 
     # ---- the answer ----------------------------------------------------------------------------
 
-    def _message(self, generation: Generation, text: str, finished: Finished, tools: bool) -> dict[str, Any]:
+    def _message(self, generation: Generation, text: str, finished: Finished, names: tuple[str, ...]
+                 ) -> dict[str, Any]:
         calls: list[ParsedToolCall] = []
-        if tools:
-            parser = ToolCallParser()
+        if names:
+            parser = ToolCallParser(names)
             head, _ = parser.feed(text)
             tail, _ = parser.finish()
             text, calls = head + tail, parser.calls
@@ -99,11 +104,11 @@ class MessagesServing(ChatServing):
                            finished.usage.cached_tokens),
         }
 
-    async def _events(self, generation: Generation, tools: bool) -> AsyncIterator[bytes]:
+    async def _events(self, generation: Generation, names: tuple[str, ...]) -> AsyncIterator[bytes]:
         """Anthropic's event sequence: message_start, ping, content blocks (start, deltas, stop), message_delta
         with stop_reason and usage, message_stop; an `error` event when the engine fails midway."""
         blocks = _Blocks()
-        parser = ToolCallParser() if tools else None
+        parser = ToolCallParser(names) if names else None
         yield event("message_start", {"type": "message_start", "message": {
             "id": new_message_id(), "type": "message", "role": "assistant", "content": [], "model": self.model_id,
             "stop_reason": None, "stop_sequence": None,
