@@ -79,20 +79,49 @@ class Driver:
         self.output: dict[str, list[int]] = {}
 
     def step(self, *, finish_at_max: bool = True) -> StepPlan:
+        """One engine iteration: step, decode, sample every sequence; finish at max_tokens (unless told not to)."""
+        plan = self._decode_next()
+        for sequence, _ in plan.samples:
+            self._sample(sequence, finish_at_max)
+        return plan
+
+    def step_with_ends(self, end_mask: int) -> list[Sequence]:
+        """One engine iteration where the i-th sample (mod 8) is an end token when bit i of `end_mask` is set
+        (a sequence then finishes without on_sampled); the others finish at max_tokens. Returns who finished.
+        A step with running sequences always computes something."""
+        plan = self._decode_next()
+        if plan.empty and self.s.running:
+            raise AssertionError("a step with running sequences made no progress")
+        ended: list[Sequence] = []
+        for i, (sequence, _) in enumerate(plan.samples):
+            if end_mask >> (i % 8) & 1:
+                self.check_sample_point(sequence)
+                self.finish(sequence)
+            elif not self._sample(sequence, True):
+                continue
+            ended.append(sequence)
+        return ended
+
+    def _decode_next(self) -> StepPlan:
         plan = self.s.step()
         self.plans.append(plan)
         self.check_plan(plan)
         self.kv.apply_ops(plan.kv_ops)
         if not plan.empty:
             self.kv.decode(plan, self.s.batch_size)
-        for sequence, _ in plan.samples:
-            self.check_sample_point(sequence)
-            token = self.sample(sequence)
-            self.s.on_sampled(sequence, token)
-            self.output.setdefault(sequence.request_id, []).append(token)
-            if finish_at_max and sequence.generated >= sequence.max_tokens:
-                self.finish(sequence)
+        assert len(plan.tokens) <= self.s.batch_size
         return plan
+
+    def _sample(self, sequence: Sequence, finish_at_max: bool) -> bool:
+        """Samples `sequence`'s next token; True when it finished (max_tokens)."""
+        self.check_sample_point(sequence)
+        token = self.sample(sequence)
+        self.s.on_sampled(sequence, token)
+        self.output.setdefault(sequence.request_id, []).append(token)
+        if finish_at_max and sequence.generated >= sequence.max_tokens:
+            self.finish(sequence)
+            return True
+        return False
 
     def check_plan(self, plan: StepPlan) -> None:
         """The layout of a batch, checked right after `Scheduler.step` (before anything finishes).

@@ -199,29 +199,14 @@ def sample_token(sequence) -> int:
 
 def engine_step(d: Driver, eog_mask: int) -> None:
     """One engine iteration: step, decode, sample; finish on EOG or at max_tokens."""
-    plan = d.s.step()
-    d.plans.append(plan)
-    d.check_plan(plan)
-    d.kv.apply_ops(plan.kv_ops)
-    if not plan.empty:
-        d.kv.decode(plan, d.s.batch_size)
-    assert len(plan.tokens) <= d.s.batch_size
-    for i, (sequence, _) in enumerate(plan.samples):
-        d.check_sample_point(sequence)
-        if eog_mask >> (i % 8) & 1:
-            d.finish(sequence)  # EOG: the engine finishes without on_sampled
-            continue
-        d.s.on_sampled(sequence, sample_token(sequence))
-        d.output.setdefault(sequence.request_id, []).append(sequence.pending_token)
-        if sequence.generated >= sequence.max_tokens:
-            d.finish(sequence)
+    d.step_with_ends(eog_mask)
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(configs, st.lists(op, min_size=5, max_size=60))
 def test_scheduler_invariants_over_random_operations(config, ops) -> None:
     s = Scheduler(**config)
-    d = Driver(s)
+    d = Driver(s, sample=sample_token)
     added = []
     cancelled = []
     for operation in ops:

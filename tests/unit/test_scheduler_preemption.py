@@ -209,26 +209,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.s.clear_cache()
 
     def _engine_step(self, end_mask: int) -> None:
-        d = self.d
-        plan = d.s.step()
-        d.plans.append(plan)
-        d.check_plan(plan)
-        d.kv.apply_ops(plan.kv_ops)
-        if not plan.empty:
-            d.kv.decode(plan, d.s.batch_size)
-        elif d.s.running:
-            raise AssertionError("a step with running sequences made no progress")
-        for i, (sequence, _) in enumerate(plan.samples):
-            d.check_sample_point(sequence)
-            if end_mask >> (i % 8) & 1 and sequence.generated:
-                d.finish(sequence)  # an end token: finished without on_sampled
-                self.ended.append(sequence)
-                continue
-            d.s.on_sampled(sequence, sample_token(sequence))
-            d.output.setdefault(sequence.request_id, []).append(sequence.pending_token)
-            if sequence.generated >= sequence.max_tokens:
-                d.finish(sequence)
-                self.ended.append(sequence)
+        self.ended += self.d.step_with_ends(end_mask)
 
     @invariant()
     def cells_and_places(self) -> None:
