@@ -47,12 +47,6 @@ def test_text_completion_with_several_prompts_and_echo(client: openai.OpenAI, mo
         assert choice.text.startswith(prompt) and len(choice.text) > len(prompt)
 
 
-def test_suffix_is_rejected_clearly(server: RunningServer) -> None:
-    response = httpx.post(server.url + "/v1/completions", json={"prompt": "a", "suffix": "b"})
-    assert response.status_code == 400
-    assert "suffix" in response.json()["error"]["message"]
-
-
 # ---- stop, seed, n ------------------------------------------------------------------------------
 
 
