@@ -57,7 +57,7 @@ def test_json_schema_text_format_is_enforced(client: openai.OpenAI, model_id: st
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
               "required": ["name", "age"], "additionalProperties": False}
     response = client.responses.create(
-        model=model_id, input="Invent a person. Reply in JSON.", max_output_tokens=60, temperature=0,
+        model=model_id, input="Invent a person. Reply in JSON.", max_output_tokens=40, temperature=0,
         text={"format": {"type": "json_schema", "name": "person", "schema": schema, "strict": True}})
     jsonschema.validate(json.loads(response.output_text), schema)
     assert response.text.format.type == "json_schema"
@@ -72,16 +72,16 @@ def test_tool_round_trip(client: openai.OpenAI, model_id: str) -> None:
     jsonschema.validate(json.loads(call.arguments), WEATHER["parameters"])
     # Stateless: the client sends the conversation back with the call and its output.
     second = client.responses.create(
-        model=model_id, tools=[WEATHER], max_output_tokens=40, temperature=0,
+        model=model_id, tools=[WEATHER], max_output_tokens=24, temperature=0,
         input=[question, call.model_dump(exclude_none=True),
                {"type": "function_call_output", "call_id": call.call_id, "output": '{"temperature_c": 18}'}])
     assert second.output[0].type == "message" and second.output_text.strip()
 
 
-def test_streamed_tool_call(client: openai.OpenAI, model_id: str) -> None:
-    with client.responses.create(model=model_id, input="Weather in Oslo?", tools=[WEATHER],
-                                 tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=60,
-                                 temperature=0, stream=True) as stream:
+def test_auto_tool_choice_streams_the_model_s_call(client: openai.OpenAI, model_id: str) -> None:
+    """The default model answers with a bare {"name", "arguments"} object: a function_call item all the same."""
+    with client.responses.create(model=model_id, input="What is the weather in Paris?", tools=[WEATHER],
+                                 tool_choice="auto", max_output_tokens=60, temperature=0, stream=True) as stream:
         events = list(stream)
     kinds = [event.type for event in events]
     assert "response.function_call_arguments.delta" in kinds and kinds[-1] == "response.completed"

@@ -140,6 +140,18 @@ def test_a_tool_call_is_a_function_call_item_and_leading_whitespace_makes_no_mes
     assert final.tools[0].name == "get_weather" and final.tool_choice == "required"
 
 
+def test_with_auto_a_bare_call_to_a_declared_function_is_a_function_call_item() -> None:
+    answer = builder(tools=[WEATHER])
+    parser = ToolCallParser(["get_weather"])
+    events = [e for piece in ['{"name": "get_weather", ', '"arguments": {"city": "Rome"}}']
+              for e in answer_events(answer, parser, piece)]
+    assert events == []  # held until the answer ends: it might still turn out to be text
+    rest, calls = parser.finish()
+    assert rest == "" and [e["type"] for e in answer.tool_call(calls[0])][0] == "response.output_item.added"
+    final = Response.model_validate(answer.finish(USAGE)[-1]["response"])
+    assert [item.type for item in final.output] == ["function_call"] and final.output_text == ""
+
+
 def test_text_before_a_tool_call_is_its_own_message_item() -> None:
     answer = builder()
     answer.text("Let me check.")

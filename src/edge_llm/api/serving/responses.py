@@ -67,7 +67,8 @@ class ResponsesServing(ChatServing):
         refuse_unsupported(body)
         chat = self.parse(ChatCompletionRequest, body.to_chat())
         tools = [tool.model_dump(exclude_none=True) for tool in chat.active_tools]
-        plan = ChatPlan(grammar=await self.off_loop(self._chat_grammar, chat), tools=bool(tools))
+        plan = ChatPlan(grammar=await self.off_loop(self._chat_grammar, chat),
+                        tools=tuple(tool["function"]["name"] for tool in tools))
         prompt = await self.off_loop(self._build_prompt, chat.to_messages(), tools or None)
         generation = self.start(
             [prompt], n=1, max_tokens=body.max_output_tokens,
@@ -75,7 +76,7 @@ class ResponsesServing(ChatServing):
             stop=(), logprobs=None,
         )
         builder = ResponseBuilder(self.model_id, body.echo())
-        parser = ToolCallParser() if plan.tools else None
+        parser = ToolCallParser(plan.tools) if plan.tools else None  # with the names: bare JSON calls count too
         if body.stream:
             return self.stream(generation, self._events(generation, builder, parser))
         result = (await self.collect(request, generation))[0]
