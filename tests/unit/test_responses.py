@@ -77,6 +77,8 @@ def test_tools_tool_choice_and_text_format_map_to_the_chat_request() -> None:
 @pytest.mark.parametrize("item, words", [
     ({"type": "web_search_call", "id": "x"}, "'web_search_call'"),
     ({"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}, "'input_image'"),
+    ({"type": "function_call_output", "call_id": "c", "output": [{"type": "input_file"}]}, "'input_file'"),
+    ({"type": "function_call", "name": "f", "arguments": "{}"}, "call_id"),
 ])
 def test_other_item_and_part_types_are_refused_by_name(item: dict[str, Any], words: str) -> None:
     with pytest.raises(ValidationError, match=words):

@@ -7,9 +7,9 @@ tool choice and response format, so the chat path's grammars and tool-call parse
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 from edge_llm.api.protocol import ChatMessage, FunctionCall, ToolCall
 
@@ -38,6 +38,15 @@ class TextPart(_Item):
         return value
 
 
+def _text_or_parts(value: Any) -> str:
+    return "text" if isinstance(value, str) else "parts"
+
+
+# A string or text parts; a discriminator so that an error names what is wrong with the parts.
+Content = Annotated[Annotated[str, Tag("text")] | Annotated[list[TextPart], Tag("parts")],
+                    Discriminator(_text_or_parts)]
+
+
 def _joined(content: str | list[TextPart]) -> str:
     return content if isinstance(content, str) else "".join(part.text for part in content)
 
@@ -45,7 +54,7 @@ def _joined(content: str | list[TextPart]) -> str:
 class MessageItem(_Item):
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
-    content: str | list[TextPart]
+    content: Content
 
     def text(self) -> str:
         return _joined(self.content)
@@ -61,15 +70,23 @@ class FunctionCallItem(_Item):
 class FunctionCallOutputItem(_Item):
     type: Literal["function_call_output"]
     call_id: str = Field(min_length=1)
-    output: str | list[TextPart]
+    output: Content
 
     def text(self) -> str:
         return _joined(self.output)
 
 
-InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem
-ITEM_TYPES: dict[str, type[InputItem]] = {
-    "message": MessageItem, "function_call": FunctionCallItem, "function_call_output": FunctionCallOutputItem}
+def _item_type(item: Any) -> str | None:
+    """A message item may leave its `type` out."""
+    return item.get("type", "message") if isinstance(item, dict) else getattr(item, "type", None)
+
+
+ITEM_TYPES = ("message", "function_call", "function_call_output")
+InputItem = Annotated[
+    Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    Discriminator(_item_type),
+]
 
 
 class ResponsesTool(BaseModel):
@@ -130,7 +147,8 @@ class TextConfig(_Strict):
 
 class ResponsesRequest(_Strict):
     model: str | None = None
-    input: str | list[InputItem]
+    input: Annotated[Annotated[str, Tag("text")] | Annotated[list[InputItem], Tag("items")],
+                     Discriminator(lambda value: "text" if isinstance(value, str) else "items")]
     instructions: str | None = None
     tools: list[ResponsesTool] | None = Field(None, max_length=128)
     tool_choice: Literal["auto", "none", "required"] | FunctionToolChoice | None = None
@@ -162,24 +180,20 @@ class ResponsesRequest(_Strict):
 
     @field_validator("input", mode="before")
     @classmethod
-    def _typed_items(cls, value: Any) -> Any:
-        """Each item by its `type` (a message may leave it out), with a clear error for the other types."""
-        if not isinstance(value, list):
-            if isinstance(value, str) and not value:
-                raise ValueError("input must not be empty")
-            return value
+    def _known_items(cls, value: Any) -> Any:
+        """An error that names an item type this server does not read."""
+        if not isinstance(value, (str, list)):
+            raise ValueError("input must be a string or a list of items")
         if not value:
             raise ValueError("input must not be empty")
-        items = []
-        for index, item in enumerate(value):
+        for item in value if isinstance(value, list) else ():
             if not isinstance(item, dict):
-                raise ValueError(f"input[{index}] must be an object")
-            kind = item.get("type", "message")
+                raise ValueError("each input item must be an object")
+            kind = _item_type(item)
             if kind not in ITEM_TYPES:
                 raise ValueError(f"input items of type '{kind}' are not supported; this server reads "
                                  f"{', '.join(ITEM_TYPES)} items")
-            items.append(ITEM_TYPES[kind].model_validate(item))
-        return items
+        return value
 
     @property
     def items(self) -> list[InputItem]:
@@ -238,7 +252,7 @@ class ResponsesRequest(_Strict):
             "max_output_tokens": self.max_output_tokens,
             "parallel_tool_calls": True if self.parallel_tool_calls is None else self.parallel_tool_calls,
             "metadata": self.metadata or {},
-            "store": bool(self.store) if self.store is not None else False,
+            "store": False,  # whatever was asked: nothing is kept
             "user": self.user,
         }
 
