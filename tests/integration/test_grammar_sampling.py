@@ -1,6 +1,7 @@
 """Grammar-constrained sampling on the real model, in process: the lazy check (sample, check that one token,
-resample under the grammar only when it is rejected) picks, token for token, what llama.cpp's grammar-first
-chain picks at temperature 0 — with and without a penalty in the chain and a logit_bias."""
+resample under the grammar only when it is rejected; greedy resamples from the likeliest few tokens first)
+picks, token for token, what llama.cpp's grammar-first chain picks at temperature 0 — with and without a penalty
+in the chain and a logit_bias."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ SCHEMAS = {
                                                 "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}}},
                "required": ["name", "age", "tags"]},
     "list of numbers": {"type": "array", "items": {"type": "number"}, "minItems": 3},
+    # Values the model would never write: the shortlist of the likeliest tokens holds none of them, so the greedy
+    # resample falls back to the pass over the whole vocabulary.
+    "unlikely enum": {"type": "object", "properties": {"code": {"enum": ["qxzvj", "wkpfy"]}, "n": {"type": "integer"}},
+                      "required": ["code", "n"]},
 }
 PROMPT = ("<|im_start|>user\nDescribe a person called Ada who is 36, as JSON with name, age and tags."
           "<|im_end|>\n<|im_start|>assistant\n")
@@ -53,6 +58,7 @@ def grammar_first_chain(runner: LlamaRunner, params: SamplingParams) -> llama_cp
 CASES = {
     "person, greedy": ("person", {}),
     "numbers, greedy": ("list of numbers", {}),
+    "unlikely enum, greedy": ("unlikely enum", {}),
     "object, penalty chain": ("object", {"repeat_penalty": 1.3}),
     "person, logit_bias": ("person", {"logit_bias": ((90, -100.0), (4913, 3.0))}),
 }

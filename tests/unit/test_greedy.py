@@ -39,6 +39,26 @@ def test_a_banned_top_token_gives_way_to_the_next() -> None:
     assert logits[1] == 4.0  # the model's logits are left as they were
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([-2.0, 0.0, 1.0, 1.5, 3.0]), min_size=4, max_size=40), st.data())
+def test_the_likeliest_come_in_the_order_pick_prefers_them(values: list[float], data: st.DataObject) -> None:
+    logits = np.array(values, dtype=np.float32)
+    bias = tuple(data.draw(st.dictionaries(st.integers(0, len(values) - 1),
+                                           st.sampled_from([float("-inf"), -1.0, 2.0]), max_size=3)).items())
+    k = data.draw(st.integers(1, len(values)))
+    ids, ranked = GreedyPicker(bias).likeliest(logits, k)
+    adjusted = logits.copy()
+    for token, value in bias:
+        adjusted[token] += value
+    expected = sorted(range(len(values)), key=lambda i: (-adjusted[i], i))
+    assert list(ranked) == [adjusted[i] for i in expected[:k]]
+    above = [int(t) for t, v in zip(ids, ranked) if v > ranked[-1]]  # which of the tokens tied with the last are
+    assert above == expected[:len(above)]  # taken is arbitrary (the runner then checks the whole vocabulary)
+    if ranked[0] > ranked[-1]:
+        assert int(ids[0]) == reference(logits, bias)
+    assert all(ranked[i] > ranked[i + 1] or ids[i] < ids[i + 1] for i in range(k - 1))  # ties: lowest id first
+
+
 def test_a_positive_bias_can_make_a_token_win() -> None:
     logits = np.array([0.5, 4.0, 2.0, 1.0], dtype=np.float32)
     assert GreedyPicker(((3, 5.0),)).pick(logits) == 3

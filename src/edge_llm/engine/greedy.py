@@ -28,6 +28,19 @@ class GreedyPicker:
         biased[self._bias_ids] += self._bias_values
         return int(biased.argmax())
 
+    def likeliest(self, logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The `k` tokens greedy sampling ranks first and their logits after logit_bias: highest first, ties by the
+        lowest id (the order in which `pick` prefers them). Which of the tokens tied with the k-th are taken is
+        arbitrary."""
+        biased = logits
+        if self._biased:
+            biased = logits.copy()
+            biased[self._bias_ids] += self._bias_values
+        top = np.argpartition(biased, -k)[-k:]
+        values = biased[top]
+        order = np.lexsort((top, -values))
+        return top[order], values[order]
+
     def biased_logit(self, logits: np.ndarray, token: int) -> float:
         """The logit `token` was picked with: -inf when logit_bias (or a mask in `logits`) bans it."""
         return float(logits[token]) + self._bias.get(token, 0.0)

@@ -120,23 +120,28 @@ class Sampler:
         self.close()
 
 
+# At temperature 0 a token the grammar rejects is replaced by the likeliest one it allows: usually among the
+# likeliest few, so those are checked first (a fraction of a millisecond) before the whole vocabulary (tens).
+GRAMMAR_SHORTLIST = 64
+
 # llama_token_data: {int32 id; float logit; float p}
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 
 
 class _Candidates:
-    """A reusable llama_token_data_array over the whole vocabulary, refilled from a row of logits."""
+    """A reusable llama_token_data_array of `n` candidates (the whole vocabulary, a shortlist, one token)."""
 
-    def __init__(self, n_vocab: int) -> None:
-        self.data = np.zeros(n_vocab, dtype=_TOKEN_DATA)
-        self._ids = np.arange(n_vocab, dtype=np.int32)
+    def __init__(self, n: int) -> None:
+        self.data = np.zeros(n, dtype=_TOKEN_DATA)
+        self._ids = np.arange(n, dtype=np.int32)
         self.array = llama_cpp.llama_token_data_array(
-            data=self.data.ctypes.data_as(llama_cpp.llama_token_data_p), size=n_vocab, selected=-1, sorted=False)
+            data=self.data.ctypes.data_as(llama_cpp.llama_token_data_p), size=n, selected=-1, sorted=False)
         self.pointer = ctypes.pointer(self.array)
 
-    def fill(self, logits: np.ndarray) -> None:
+    def fill(self, logits: np.ndarray | float, ids: np.ndarray | int | None = None) -> None:
+        """Token ids (by default 0..n-1, for a row of logits) and their logits."""
         # Samplers sort and shrink the array in place: every use starts from a fresh copy in token order.
-        self.data["id"] = self._ids
+        self.data["id"] = self._ids if ids is None else ids
         self.data["logit"] = logits
         self.data["p"] = 0.0
         self.array.size = len(self.data)
@@ -185,6 +190,7 @@ class LlamaRunner:
         self._end_tokens = tuple(t for t in range(self._n_vocab) if self.is_end_of_generation(t))  # ~0.2 s
         self._candidates = _Candidates(self._n_vocab)  # engine thread only, like sampling
         self._single = _Candidates(1)
+        self._shortlist = _Candidates(GRAMMAR_SHORTLIST)
         self._grammars = CompiledGrammars(self._compile_grammar, llama_cpp.llama_sampler_clone,
                                           llama_cpp.llama_sampler_free)
         self.info = self._read_info()
@@ -405,6 +411,8 @@ class LlamaRunner:
         if not constrained and picker is not None:
             token = picker.pick(logits)
             return None if picker.biased_logit(logits, token) == -np.inf else token
+        if picker is not None and (token := self._likeliest_allowed(sampler, picker, logits)) is not None:
+            return token
         candidates = self._candidates
         candidates.fill(logits)
         if constrained:
@@ -417,14 +425,21 @@ class LlamaRunner:
         chosen = candidates.selected()
         return None if chosen is None or chosen[1] == -np.inf else chosen[0]
 
+    def _likeliest_allowed(self, sampler: Sampler, picker: GreedyPicker, logits: np.ndarray) -> int | None:
+        """Greedy under the grammar from the GRAMMAR_SHORTLIST likeliest tokens: the first one the grammar allows
+        is the whole vocabulary's pick, unless it ties with a token left out. None: the caller checks them all."""
+        ids, values = picker.likeliest(logits, GRAMMAR_SHORTLIST)
+        self._shortlist.fill(values, ids)
+        llama_cpp.llama_sampler_apply(sampler.grammar, self._shortlist.pointer)  # masks (-inf), never reorders
+        allowed = np.flatnonzero(self._shortlist.data["logit"] != -np.inf)
+        if not allowed.size or values[allowed[0]] <= values[-1]:
+            return None
+        return int(ids[allowed[0]])
+
     def _grammar_allows(self, grammar: llama_cpp.llama_sampler_p, token: int) -> bool:
-        single = self._single
-        single.data[0] = (token, 1.0, 0.0)
-        single.array.size = 1
-        single.array.selected = -1
-        single.array.sorted = False
-        llama_cpp.llama_sampler_apply(grammar, single.pointer)
-        return bool(single.data["logit"][0] != -np.inf)
+        self._single.fill(1.0, token)
+        llama_cpp.llama_sampler_apply(grammar, self._single.pointer)
+        return bool(self._single.data["logit"][0] != -np.inf)
 
     def _exhausted(self, grammar: llama_cpp.llama_sampler_p) -> SamplingExhausted:
         if self._end_tokens and self._grammar_allows(grammar, self._end_tokens[0]):
