@@ -61,7 +61,7 @@ def test_a_stop_sequence_ends_the_answer_and_is_named(claude: anthropic.Anthropi
 def test_streaming_events_and_text_equal_the_whole_answer(repeatable_claude: anthropic.Anthropic,
                                                           model_id: str) -> None:
     # This SDK has no sampling arguments any more (newer Claude models take none); the server still reads them.
-    request: dict[str, Any] = {"model": model_id, "max_tokens": 16, "messages": SAY_HELLO,
+    request: dict[str, Any] = {"model": model_id, "max_tokens": 10, "messages": SAY_HELLO,
                                "extra_body": {"temperature": 0}}
     whole = repeatable_claude.messages.create(**request)
     with repeatable_claude.messages.stream(**request) as stream:
@@ -92,7 +92,7 @@ def test_a_tool_round_trip(claude: anthropic.Anthropic, model_id: str) -> None:
     assert streamed.stop_reason == "tool_use"
 
     answer = claude.messages.create(
-        model=model_id, max_tokens=32, tools=[WEATHER], tool_choice={"type": "none"},
+        model=model_id, max_tokens=12, tools=[WEATHER], tool_choice={"type": "none"},
         messages=[*ASK_WEATHER, {"role": "assistant", "content": message.content},
                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
                                                 "content": "22 degrees Celsius and sunny"}]}])

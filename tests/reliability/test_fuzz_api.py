@@ -3,9 +3,9 @@
 Every operation of the live document gets positive cases (valid by the schema) and, where it has inputs,
 negative ones (schema violations, wrong types, raw non-JSON and non-UTF-8 bodies); NUL bytes are allowed in
 strings. On top of that, every generated JSON body is also sent once with invalid UTF-8 and once with a lone
-surrogate escape inside a string. Whatever comes: no 5xx, every 4xx in OpenAI's error envelope, every stream
-ends properly, and afterwards the server still serves. `EDGE_LLM_FUZZ_EXAMPLES` (default 12) sets the
-examples per operation and mode.
+surrogate escape inside a string. Whatever comes: no 5xx, every 4xx in OpenAI's error envelope (Anthropic's on
+/v1/messages), every stream ends properly, and afterwards the server still serves. `EDGE_LLM_FUZZ_EXAMPLES`
+(default 12) sets the examples per operation and mode.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ EXAMPLES = env_int("EDGE_LLM_FUZZ_EXAMPLES", 12)
 OPERATIONS = [
     ("POST", "/v1/chat/completions"),
     ("POST", "/v1/completions"),
+    ("POST", "/v1/messages"),
+    ("POST", "/v1/messages/count_tokens"),
     ("POST", "/tokenize"),
     ("POST", "/detokenize"),
     ("GET", "/v1/models"),
@@ -82,16 +84,32 @@ def operation_of(schema: schemathesis.BaseSchema, method: str, path: str) -> Any
     raise AssertionError(f"{method} {path} is not in /openapi.json")
 
 
-def check_answer(status: int, headers: dict[str, str], body: bytes, where: str) -> None:
+def anthropic_envelope(status: int, body: bytes, where: str) -> dict[str, Any]:
+    """Anthropic's envelope (the /v1/messages routes): {"type": "error", "error": {"type", "message", "details"}}."""
+    parsed = json.loads(body)
+    assert parsed.get("type") == "error" and set(parsed) == {"type", "error"}, f"{where}: {status} {parsed!r:.300}"
+    error = parsed["error"]
+    assert isinstance(error["type"], str) and isinstance(error["message"], str) and error["message"], where
+    return {"code": (error.get("details") or {}).get("error_code"), **error}
+
+
+def envelope(path: str, status: int, body: bytes, where: str) -> dict[str, Any]:
+    if path.startswith("/v1/messages"):
+        return anthropic_envelope(status, body, where)
+    return assert_envelope(status, body, where)
+
+
+def check_answer(path: str, status: int, headers: dict[str, str], body: bytes, where: str) -> None:
     assert status < 500, f"{where}: {status} {body[:500]!r}"
     if status >= 400:
-        assert_envelope(status, body, where)
+        envelope(path, status, body, where)
         return
     content_type = headers.get("content-type", "")
     if content_type.startswith("text/event-stream"):
-        # A stream ends with its end marker: [DONE] (OpenAI shapes) or a done / error event (simple body).
-        assert body.endswith(b"data: [DONE]\n\n") or b"event: done\n" in body or b"event: error\n" in body, \
-            f"{where}: the stream did not end properly: {body[-300:]!r}"
+        # A stream ends with its end marker: [DONE] (OpenAI shapes), a done / error event (simple body), or
+        # message_stop (Anthropic's).
+        assert (body.endswith(b"data: [DONE]\n\n") or b"event: done\n" in body or b"event: error\n" in body
+                or b"event: message_stop\n" in body), f"{where}: the stream did not end properly: {body[-300:]!r}"
     elif content_type.startswith("application/json"):
         json.loads(body)
 
@@ -121,7 +139,7 @@ def fuzz(server: RunningServer, schema: schemathesis.BaseSchema, method: str, pa
         where = f"{mode.value} {method} {path}: {case.as_curl_command()[:800]}"
         response = case.call(base_url=server.url, timeout=TIMEOUT)
         sent[0] += 1
-        check_answer(response.status_code, {k.lower(): v[0] for k, v in response.headers.items()},
+        check_answer(path, response.status_code, {k.lower(): v[0] for k, v in response.headers.items()},
                      response.content, where)
         if isinstance(case.body, dict):
             for name, raw in mutated_bodies(case.body):
@@ -129,7 +147,7 @@ def fuzz(server: RunningServer, schema: schemathesis.BaseSchema, method: str, pa
                                         headers={"content-type": "application/json"})
                 sent[0] += 1
                 assert mutated.status_code == 400, f"{name}: {where}: {mutated.status_code} {mutated.text[:300]}"
-                assert assert_envelope(400, mutated.content, where)["code"] == "invalid_json"
+                assert envelope(path, 400, mutated.content, where)["code"] == "invalid_json"
 
     run()
     return sent[0]
@@ -162,7 +180,7 @@ def test_wrong_methods_and_unknown_paths_get_the_envelope(fuzz_server: RunningSe
             where = f"{wrong} {concrete}"
             # /v1/models/{id} answers GET only; a POST to the template's path is a 405, not a 404.
             assert response.status_code in (404, 405), f"{where}: {response.status_code} {response.text[:300]}"
-            assert_envelope(response.status_code, response.content, where)
+            envelope(concrete, response.status_code, response.content, where)
     for path in ("/nope", "/v1", "/v1/chat", "/%00", "/v1/models/../../etc/passwd", "/" + "a" * 4000):
         response = httpx.get(fuzz_server.url + path, timeout=TIMEOUT)
         assert 400 <= response.status_code < 500, (path, response.status_code)
