@@ -16,12 +16,13 @@ from typing import Any
 
 import httpx
 
+import edge_llm
 from edge_llm.models.fetch import default_model_path
 
 from . import processes
 from .load import shared_prefix_text
 from .measure import wait_for_quiet
-from .plan import RESULTS, THREADS, Plan
+from .plan import REPO, RESULTS, THREADS, Plan
 from .real_client import CLIENTS, PREFIX_RULES, QUESTIONS, run_real_client
 from .run import git_commit
 from .structured import (
@@ -41,13 +42,22 @@ logger = logging.getLogger(__name__)
 PARTS = ("structured", "real-client")
 
 
+def measured_commit() -> str:
+    """The commit, or, when edge_llm is imported from elsewhere (PYTHONPATH=an export of a commit, to measure it
+    while the working tree changes), HEAD and that place."""
+    package = Path(edge_llm.__file__).resolve().parents[1]
+    if package == REPO / "src":
+        return git_commit()
+    return f"{git_commit().removesuffix('+dirty')}, package from {package}"
+
+
 def metadata(model: Path, plan: Plan, binary: Path | None) -> dict[str, Any]:
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "model": model.name,
         "threads": THREADS,
         "cpus": os.cpu_count(),
-        "commit": git_commit(),
+        "commit": measured_commit(),
         "quick": plan.quick,
         "peer": f"llama-server ({binary})" if binary else None,
         "peer_note": None if binary else (
@@ -70,7 +80,7 @@ def servers(model: Path, binary: Path | None, parallel: int) -> Iterator[list[Se
 
 
 def run_structured(args: argparse.Namespace, plan: Plan, model: Path, binary: Path | None) -> dict[str, Any]:
-    levels = LEVELS[:2] if plan.quick else LEVELS
+    levels = tuple(args.clients or (LEVELS[:2] if plan.quick else LEVELS))
     results: dict[str, Any] = {"meta": {**metadata(model, plan, binary), "answer_tokens": ANSWER_TOKENS,
                                         "levels": list(levels), "peer_parallel": max(levels)}}
     wait_for_quiet("grammar compile costs", plan.quiet_wait_s)
