@@ -17,7 +17,10 @@ from edge_llm.api.serving.messages import _Blocks, tool_use_block
 from edge_llm.api.sse import decode_events
 from edge_llm.engine.text import OutputText
 from edge_llm.engine.types import Finished, FinishReason, Usage
+from edge_llm.prompting.chat_template import ChatTemplate
+from edge_llm.prompting.prompt import PromptBuilder
 from edge_llm.prompting.tools import ParsedToolCall
+from tests.unit.test_chat_template import FakeTokenizer, plain
 
 WEATHER = {"name": "get_weather", "description": "Weather in a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -66,6 +69,18 @@ def test_system_blocks_and_a_tool_round_trip_become_chat_messages() -> None:
         "name": "get_weather", "parameters": WEATHER["input_schema"], "description": "Weather in a city"}}]
 
 
+def test_a_final_assistant_message_is_a_prefill_the_answer_continues() -> None:
+    prefill = body(messages=[{"role": "user", "content": "JSON please"},
+                             {"role": "assistant", "content": [{"type": "text", "text": "{\"a\":"}]}])
+    assert prefill.continues_final and prefill.to_chat_messages()[-1] == {"role": "assistant", "content": "{\"a\":"}
+    assert not body().continues_final
+    builder = PromptBuilder(ChatTemplate(None), FakeTokenizer(), bos_token=None)
+    tokens = builder.build(prefill.to_chat_messages(), continue_final=True)
+    # ChatML: the assistant turn is left open after its text; no end of turn, no new turn
+    assert tokens[-len(plain("assistant\n{\"a\":")) - 1:] == [1, *plain("assistant\n{\"a\":")]
+    assert tokens.count(2) == 1
+
+
 def test_tool_choice_decides_the_tools_shown_and_the_forced_functions() -> None:
     assert body(tools=[WEATHER]).forced_functions() is None
     assert body(tools=[WEATHER], tool_choice={"type": "auto"}).forced_functions() is None
@@ -92,7 +107,9 @@ def test_output_config_format_is_a_schema_and_excludes_a_forced_call() -> None:
     {"messages": []},
     {"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
     {"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "n", "input": {}}]}]},
-    {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "prefill"}]},
+    {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "ends in a space "}]},
+    {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t", "name": "n", "input": {}}]}]},
     {"tool_choice": {"type": "any"}},
     {"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "missing"}},
     {"tools": [{"type": "web_search_20250305", "name": "web_search"}]},

@@ -156,15 +156,24 @@ class CountTokensRequest(_Strict):
 
     @model_validator(mode="after")
     def _check_conversation(self) -> CountTokensRequest:
-        if self.messages[-1].role == "assistant":
-            raise ValueError("the last message must be a user message (continuing a prefilled assistant "
-                             "message is not supported)")
+        last = self.messages[-1]
+        if last.role == "assistant":  # a prefill: the answer continues its text
+            if not isinstance(last.content, str) and any(block.type != "text" for block in last.content):
+                raise ValueError("a final assistant message (a prefill) can hold only text")
+            text = last.to_chat()[0]["content"]
+            if not text or text != text.rstrip():
+                raise ValueError("a final assistant message (a prefill) needs text that does not end in whitespace")
         if self.tool_choice is not None and self.tool_choice.type in ("any", "tool") and not self.tools:
             raise ValueError(f"tool_choice '{self.tool_choice.type}' needs tools")
         if self.tool_choice is not None and self.tool_choice.type == "tool":
             if self.tool_choice.name not in {tool.name for tool in self.tools or []}:
                 raise ValueError(f"tool_choice names '{self.tool_choice.name}', which is not in tools")
         return self
+
+    @property
+    def continues_final(self) -> bool:
+        """The last message is the assistant's: the answer continues it (Anthropic's prefill)."""
+        return self.messages[-1].role == "assistant"
 
     @property
     def system_text(self) -> str | None:

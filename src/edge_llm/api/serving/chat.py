@@ -86,7 +86,8 @@ class ChatServing(Serving):
         results = await self.collect(request, generation)
         return JSONResponse(self._chat_body(generation, results, plan), headers=self.headers(generation))
 
-    def _build_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    def _build_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
+                      continue_final: bool = False) -> list[int]:
         """Messages → tokens through the model's chat template (runs in the tokenizer thread)."""
         if self._prompt_builder is None:
             info = self.engine.model_info
@@ -95,7 +96,7 @@ class ChatServing(Serving):
             if template.is_fallback:
                 logger.warning("the model has no chat template; using ChatML")
             self._prompt_builder = PromptBuilder(template, self.engine, bos_token=info.bos_token)
-        return self._prompt_builder.build(messages, tools=tools)
+        return self._prompt_builder.build(messages, tools=tools, continue_final=continue_final)
 
     # ---- the grammar ------------------------------------------------------------------------------
 

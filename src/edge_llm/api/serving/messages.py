@@ -45,7 +45,8 @@ class MessagesServing(ChatServing):
         anthropic = self.parse(MessagesRequest, body)
         self.check_model(anthropic.model)
         grammar = await self.off_loop(self._grammar, anthropic)
-        prompt = await self.off_loop(self._build_prompt, anthropic.to_chat_messages(), anthropic.openai_tools())
+        prompt = await self.off_loop(self._build_prompt, anthropic.to_chat_messages(), anthropic.openai_tools(),
+                                     continue_final=anthropic.continues_final)
         names = tuple(tool.name for tool in anthropic.active_tools)  # what the tool-call parser looks for
         generation = self.start(
             [prompt], n=1, max_tokens=anthropic.max_tokens,
@@ -62,7 +63,8 @@ class MessagesServing(ChatServing):
     async def count_tokens(self, request: Request) -> Response:
         body = self.parse(CountTokensRequest, await self.json_body(request))
         self.check_model(body.model)
-        prompt = await self.off_loop(self._build_prompt, body.to_chat_messages(), body.openai_tools())
+        prompt = await self.off_loop(self._build_prompt, body.to_chat_messages(), body.openai_tools(),
+                                     continue_final=body.continues_final)
         return JSONResponse({"input_tokens": len(prompt)})
 
     def _grammar(self, anthropic: MessagesRequest) -> str | None:
