@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -105,3 +106,13 @@ def test_openai_agents_sdk_runs_an_agent_against_the_server(server: RunningServe
                          model_settings=agents.ModelSettings(max_tokens=24, temperature=0))
     result = agents.Runner.run_sync(agent, "What is 2 + 2?")
     assert isinstance(result.final_output, str) and result.final_output.strip()
+
+
+def test_without_v1_and_a_json_schema_without_schema_is_a_400(server: RunningServer) -> None:
+    """As llama.cpp's test_compat_oai_responses calls it: POST /responses."""
+    body = {"input": "Write an example", "max_output_tokens": 4, "text": {"format": {"type": "json_schema",
+                                                                                    "name": "test"}}}
+    refused = httpx.post(server.url + "/responses", json=body, timeout=60)
+    assert refused.status_code == 400 and "needs a schema" in refused.json()["error"]["message"]
+    body["text"] = {"format": {"type": "text"}}
+    assert httpx.post(server.url + "/responses", json=body, timeout=120).json()["output"][0]["type"] == "message"

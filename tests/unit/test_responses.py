@@ -85,6 +85,11 @@ def test_other_item_and_part_types_are_refused_by_name(item: dict[str, Any], wor
         request(input=[item])
 
 
+def test_a_json_schema_format_needs_a_schema() -> None:
+    with pytest.raises(ValidationError, match="needs a schema"):
+        request(input="x", text={"format": {"type": "json_schema", "name": "test"}})
+
+
 @pytest.mark.parametrize("fields, param", [
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"conversation": "conv_1"}, "conversation"),
@@ -171,6 +176,15 @@ def test_an_answer_cut_at_max_output_tokens_is_incomplete() -> None:
     final = Response.model_validate(last["response"])
     assert final.status == "incomplete" and final.incomplete_details.reason == "max_output_tokens"
     assert final.output[0].status == "incomplete" and final.max_output_tokens == 3
+
+
+def test_a_failure_mid_answer_ends_the_stream_with_response_failed() -> None:
+    answer = builder()
+    answer.text("Partial")
+    events = answer.failed("the engine stopped")
+    assert [e["type"] for e in events][-2:] == ["response.output_item.done", "response.failed"]
+    failed = EVENTS.validate_python(events[-1])
+    assert failed.response.status == "failed" and failed.response.error.message == "the engine stopped"
 
 
 def test_an_empty_answer_still_has_one_message_item() -> None:

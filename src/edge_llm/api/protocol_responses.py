@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from edge_llm.api.protocol import ChatMessage, FunctionCall, ToolCall
 
@@ -128,10 +128,16 @@ class TextFormat(_Strict):
     schema_: dict[str, Any] | None = Field(None, alias="schema")
     strict: bool | None = None
 
+    @model_validator(mode="after")
+    def _schema_given(self) -> TextFormat:
+        if self.type == "json_schema" and self.schema_ is None:
+            raise ValueError("text.format of type json_schema needs a schema")
+        return self
+
     def to_chat(self) -> dict[str, Any]:
         if self.type != "json_schema":
             return {"type": self.type}
-        schema = {"name": self.name or "response", "schema": self.schema_ or {"type": "object"}}
+        schema = {"name": self.name or "response", "schema": self.schema_}
         if self.strict is not None:
             schema["strict"] = self.strict
         return {"type": "json_schema", "json_schema": schema}

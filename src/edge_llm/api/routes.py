@@ -154,6 +154,7 @@ async def kill_engine(request: Request) -> JSONResponse:
 __all__ = ["router", "debug_router", "ChatCompletionRequest"]
 
 
+@router.post("/responses", **_UNVERSIONED)
 @router.post(
     "/v1/responses",
     responses={**_ERRORS, 200: {"content": {"text/event-stream": {}}}},
