@@ -58,6 +58,14 @@ def test_a_stop_sequence_ends_the_answer_and_is_named(claude: anthropic.Anthropi
     assert "7" not in texts(message) and "6" in texts(message)
 
 
+def test_a_final_assistant_message_is_continued(claude: anthropic.Anthropic, model_id: str) -> None:
+    message = claude.messages.create(
+        model=model_id, max_tokens=3, extra_body={"temperature": 0},
+        messages=[{"role": "user", "content": "Count from 1 to 10, separated by commas."},
+                  {"role": "assistant", "content": "1, 2, 3, 4,"}])
+    assert texts(message).lstrip().startswith("5")  # the prefill goes on; it is not repeated
+
+
 def test_streaming_events_and_text_equal_the_whole_answer(repeatable_claude: anthropic.Anthropic,
                                                           model_id: str) -> None:
     # This SDK has no sampling arguments any more (newer Claude models take none); the server still reads them.
