@@ -11,6 +11,7 @@ surrogate escape inside a string. Whatever comes: no 5xx, every 4xx in OpenAI's 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,6 +42,7 @@ OPERATIONS = [
     ("POST", "/v1/completions"),
     ("POST", "/v1/messages"),
     ("POST", "/v1/messages/count_tokens"),
+    ("POST", "/v1/responses"),
     ("POST", "/tokenize"),
     ("POST", "/detokenize"),
     ("GET", "/v1/models"),
@@ -49,6 +51,7 @@ OPERATIONS = [
     ("GET", "/readyz"),
     ("GET", "/metrics"),
 ]
+RESPONSES_END = re.compile(rb"event: response\.(completed|incomplete|failed)\n[^\n]*\n\n$")
 # The GET operations have no negative case to generate (no body, and any string is a valid model id);
 # their negative side is test_wrong_methods_and_unknown_paths_get_the_envelope (and the positive cases'
 # random model ids, which get 404 envelopes).
@@ -106,10 +109,11 @@ def check_answer(path: str, status: int, headers: dict[str, str], body: bytes, w
         return
     content_type = headers.get("content-type", "")
     if content_type.startswith("text/event-stream"):
-        # A stream ends with its end marker: [DONE] (OpenAI shapes), a done / error event (simple body), or
-        # message_stop (Anthropic's).
+        # A stream ends with its end marker: [DONE] (OpenAI shapes), a done / error event (simple body),
+        # message_stop (Anthropic's), or the Responses API's last event (response.completed / incomplete / failed).
         assert (body.endswith(b"data: [DONE]\n\n") or b"event: done\n" in body or b"event: error\n" in body
-                or b"event: message_stop\n" in body), f"{where}: the stream did not end properly: {body[-300:]!r}"
+                or b"event: message_stop\n" in body or RESPONSES_END.search(body)), \
+            f"{where}: the stream did not end properly: {body[-300:]!r}"
     elif content_type.startswith("application/json"):
         json.loads(body)
 

@@ -158,6 +158,7 @@ __all__ = ["router", "debug_router", "ChatCompletionRequest"]
 @router.post(
     "/v1/responses",
     responses={**_ERRORS, 200: {"content": {"text/event-stream": {}}}},
+    openapi_extra=_json_body("ResponsesRequest"),
     summary="OpenAI Responses API, stateless: input items, function tools, text.format, the Responses event stream",
 )
 async def responses(request: Request) -> Response:
