@@ -11,6 +11,7 @@ from anthropic.types import Message, RawMessageStreamEvent
 from pydantic import TypeAdapter, ValidationError
 
 from edge_llm.api.errors import APIError, speaks_anthropic
+from edge_llm.api.middleware import _error_code
 from edge_llm.api.protocol_anthropic import CountTokensRequest, MessagesRequest, stop_reason, tool_input, usage
 from edge_llm.api.security import ApiKeyAuth
 from edge_llm.api.serving.messages import _Blocks, tool_use_block
@@ -196,6 +197,8 @@ def test_errors_on_the_messages_routes_wear_anthropics_envelope(status: int, kin
     assert json.loads(error.response("/v1/messages/count_tokens").body)["type"] == "error"
     assert json.loads(error.response("/v1/chat/completions").body)["error"]["code"] == "some_code"
     assert not speaks_anthropic("/v1/messagesx") and not speaks_anthropic(None)
+    # the access line and the rejection metrics read the code from either envelope
+    assert _error_code(error.response("/v1/messages").body) == _error_code(error.response("/x").body) == "some_code"
 
 
 def test_x_api_key_is_a_key_and_every_credential_given_must_be_one() -> None:
