@@ -43,6 +43,7 @@ OPERATIONS = [
     ("POST", "/v1/messages"),
     ("POST", "/v1/messages/count_tokens"),
     ("POST", "/v1/responses"),
+    ("POST", "/infill"),
     ("POST", "/tokenize"),
     ("POST", "/detokenize"),
     ("GET", "/v1/models"),
@@ -52,6 +53,7 @@ OPERATIONS = [
     ("GET", "/metrics"),
 ]
 RESPONSES_END = re.compile(rb"event: response\.(completed|incomplete|failed)\n[^\n]*\n\n$")
+INFILL_END = re.compile(rb'data: \{[^\n]*("stop": true|"error": )[^\n]*\}\n\n$')  # llama-server's: no [DONE]
 # The GET operations have no negative case to generate (no body, and any string is a valid model id);
 # their negative side is test_wrong_methods_and_unknown_paths_get_the_envelope (and the positive cases'
 # random model ids, which get 404 envelopes).
@@ -110,9 +112,10 @@ def check_answer(path: str, status: int, headers: dict[str, str], body: bytes, w
     content_type = headers.get("content-type", "")
     if content_type.startswith("text/event-stream"):
         # A stream ends with its end marker: [DONE] (OpenAI shapes), a done / error event (simple body),
-        # message_stop (Anthropic's), or the Responses API's last event (response.completed / incomplete / failed).
+        # message_stop (Anthropic's), the Responses API's last event (response.completed / incomplete / failed),
+        # or /infill's final object (stop: true) or error.
         assert (body.endswith(b"data: [DONE]\n\n") or b"event: done\n" in body or b"event: error\n" in body
-                or b"event: message_stop\n" in body or RESPONSES_END.search(body)), \
+                or b"event: message_stop\n" in body or RESPONSES_END.search(body) or INFILL_END.search(body)), \
             f"{where}: the stream did not end properly: {body[-300:]!r}"
     elif content_type.startswith("application/json"):
         json.loads(body)

@@ -143,7 +143,10 @@ class InfillServing(Serving):
                 "predicted_per_second": predicted / (predicted_ms / 1000) if predicted_ms else 0.0,
             },
         }
-        return _select(result, body.response_fields) if body.response_fields else result
+        if not body.response_fields:
+            return result
+        selected = _select(result, body.response_fields)
+        return {**selected, "stop": True} if streamed else selected  # a stream's end stays recognisable
 
 
 class _Failure(Exception):
