@@ -83,6 +83,12 @@ def run_structured(args: argparse.Namespace, plan: Plan, model: Path, binary: Pa
     levels = tuple(args.clients or (LEVELS[:2] if plan.quick else LEVELS))
     results: dict[str, Any] = {"meta": {**metadata(model, plan, binary), "answer_tokens": ANSWER_TOKENS,
                                         "levels": list(levels), "peer_parallel": max(levels)}}
+
+    def checkpoint(runs: dict[str, Any]) -> None:  # a run cut short still leaves what it measured
+        results["runs"] = runs
+        results["targets"] = structured_targets(results)
+        write_part(args.out, "structured", results)
+
     wait_for_quiet("grammar compile costs", plan.quiet_wait_s)
     results["compile"] = compile_costs(model)
     with servers(model, binary, max(levels)) as running:
@@ -90,7 +96,8 @@ def run_structured(args: argparse.Namespace, plan: Plan, model: Path, binary: Pa
             prepare(server)
         results["openings"] = answer_openings(running)
         results["first_request"] = first_request_latency(running, plan)
-        results["runs"] = run_workloads(running, plan, levels)
+        checkpoint({})
+        results["runs"] = run_workloads(running, plan, levels, checkpoint)
     results["targets"] = structured_targets(results)
     return results
 
@@ -118,6 +125,16 @@ RUNNERS: dict[str, tuple[Callable[..., dict[str, Any]], Callable[[dict[str, Any]
 }
 
 
+def write_part(out: Path, part: str, results: dict[str, Any]) -> str:
+    """results/PART.json and .md (PART with "_" for "-"); returns the Markdown."""
+    out.mkdir(parents=True, exist_ok=True)
+    stem = part.replace("-", "_")
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    markdown = RUNNERS[part][1](results)
+    (out / f"{stem}.md").write_text(markdown, encoding="utf-8")
+    return markdown
+
+
 def run_part(part: str, args: argparse.Namespace) -> str:
     """Runs one part and writes results/PART.json and .md (PART with "_" for "-"); returns the Markdown."""
     plan = Plan.make(args.quick, args.quiet_wait)
@@ -125,14 +142,9 @@ def run_part(part: str, args: argparse.Namespace) -> str:
     binary = processes.find_llama_server(args.llama_server)
     if binary is None:
         logger.warning("llama-server not found: measuring ours only (see benchmarks/README.md)")
-    measure, render = RUNNERS[part]
     RESULTS.mkdir(parents=True, exist_ok=True)
-    results = measure(args, plan, model, binary)
+    results = RUNNERS[part][0](args, plan, model, binary)
     results["meta"]["loadavg_after"] = os.getloadavg()[0]
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = part.replace("-", "_")
-    (args.out / f"{stem}.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    markdown = render(results)
-    (args.out / f"{stem}.md").write_text(markdown, encoding="utf-8")
-    logger.info("wrote %s", args.out / f"{stem}.json")
+    markdown = write_part(args.out, part, results)
+    logger.info("wrote %s.json and .md in %s", part.replace("-", "_"), args.out)
     return markdown

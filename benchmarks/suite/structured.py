@@ -11,7 +11,7 @@ import logging
 import statistics
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -149,9 +149,11 @@ def measure_workload(server: Server, workload: str, clients: int, repeat: int, p
     return measure_quietly(f"{server.name} {workload} {clients} clients", one, pids, plan)
 
 
-def run_workloads(servers: Sequence[Server], plan: Plan, levels: Sequence[int] = LEVELS) -> dict[str, Any]:
+def run_workloads(servers: Sequence[Server], plan: Plan, levels: Sequence[int] = LEVELS,
+                  measured: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """runs[server][workload][clients] = the repeats' level statistics. For each client count and repeat, every
-    workload on every server one right after the other (a paired design: the machine drifts within minutes)."""
+    workload on every server one right after the other (a paired design: the machine drifts within minutes).
+    `measured(runs)` is called after each measurement (the caller writes what there is so far)."""
     pids = [s.pid for s in servers]
     runs: dict[str, dict[str, dict[str, list[dict[str, Any]]]]] = {
         s.name: {w: {str(c): [] for c in levels} for w in WORKLOADS} for s in servers}
@@ -161,6 +163,8 @@ def run_workloads(servers: Sequence[Server], plan: Plan, levels: Sequence[int] =
                 for server in servers:
                     stats = measure_workload(server, workload, clients, repeat, plan, pids)
                     runs[server.name][workload][str(clients)].append(stats)
+                    if measured is not None:
+                        measured(runs)
                     logger.info("%s %s %d clients: %.1f tok/s aggregate, %s tok/s server decode", server.name,
                                 workload, clients, stats["aggregate_tokens_per_s"],
                                 fmt(stats.get("server_decode_tokens_per_s_median")))
