@@ -52,7 +52,7 @@ def test_routes_without_v1_and_health(server: RunningServer, model_id: str) -> N
     assert answer.choices[0].message.content is not None
     assert client.completions.create(model=model_id, prompt="1, 2,", max_tokens=2).choices[0].text is not None
     assert [m.id for m in client.models.list()] == [model_id]
-    health = httpx.get(server.url + "/health")
+    health = httpx.get(server.url + "/health", timeout=60)
     assert health.status_code == 200 and health.json()["status"] == "ok"
 
 
