@@ -49,6 +49,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="run one part alone and write results/PART.{json,md} (see benchmarks/README.md)")
     parser.add_argument("--clients", type=lambda text: [int(c) for c in text.split(",")], default=None,
                         metavar="LIST", help="client counts of --only structured (default: 1,4,8; --quick: 1,4)")
+    parser.add_argument("--attempts", type=int, default=None, metavar="N",
+                        help="--only: take a disturbed measurement at most N times (default: 3; --quick: 2)")
     parser.add_argument("--llama-server", type=Path, metavar="PATH",
                         help="llama.cpp's llama-server binary for --only (default: $LLAMA_SERVER, else PATH)")
     parser.add_argument("--plot-only", nargs=2, type=Path, metavar=("JSON", "PNG"),

@@ -11,6 +11,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -111,8 +112,8 @@ def prefix_tokens(url: str, text: str) -> int | None:
 
 
 def run_real_client_part(args: argparse.Namespace, plan: Plan, model: Path, binary: Path | None) -> dict[str, Any]:
-    results: dict[str, Any] = {"meta": {**metadata(model, plan, binary), "clients": CLIENTS,
-                                        "requests": len(QUESTIONS), "peer_parallel": CLIENTS}}
+    results: dict[str, Any] = {"meta": {**metadata(model, plan, binary), "clients": CLIENTS, "peer_parallel": CLIENTS,
+                                        "requests": CLIENTS if plan.quick else len(QUESTIONS)}}
     with servers(model, binary, CLIENTS) as running:
         results["meta"]["prefix_tokens"] = prefix_tokens(running[0].url, shared_prefix_text(PREFIX_RULES))
         results.update(run_real_client(running, plan))
@@ -138,6 +139,8 @@ def write_part(out: Path, part: str, results: dict[str, Any]) -> str:
 def run_part(part: str, args: argparse.Namespace) -> str:
     """Runs one part and writes results/PART.json and .md (PART with "_" for "-"); returns the Markdown."""
     plan = Plan.make(args.quick, args.quiet_wait)
+    if args.attempts:
+        plan = replace(plan, attempts=args.attempts)
     model = (args.model or default_model_path()).resolve()
     binary = processes.find_llama_server(args.llama_server)
     if binary is None:

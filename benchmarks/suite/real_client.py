@@ -73,10 +73,11 @@ async def _poll_running(url: str, stop: asyncio.Event, samples: list[float]) -> 
                 pass
 
 
-async def _run(server: Server, prefix: str, tag: str) -> dict[str, Any]:
+async def _run(server: Server, prefix: str, tag: str, quick: bool) -> dict[str, Any]:
     config = bench.BenchConfig(base_url=server.url, max_tokens=None, temperature=0.0, model=server.model,
                                system_prompt=prefix, timeout_s=900.0)
-    questions = [f"[{tag}] {q}" for q in QUESTIONS]  # distinct from an earlier try's, after the shared prefix
+    # Distinct from an earlier try's, after the shared prefix; --quick: one question a client.
+    questions = [f"[{tag}] {q}" for q in QUESTIONS[:CLIENTS if quick else None]]
     stop, samples = asyncio.Event(), []
     poller = asyncio.create_task(_poll_running(server.url, stop, samples))
     try:
@@ -110,7 +111,7 @@ def run_real_client(servers: Sequence[Server], plan: Plan) -> dict[str, Any]:
             server.model = asyncio.run(bench.discover_model(bench.BenchConfig(base_url=server.url)))
         warm_prefix(server, prefix)
         results[server.name] = measure_quietly(
-            f"{server.name} real client", lambda attempt, s=server: asyncio.run(_run(s, prefix, f"t{attempt}")),
+            f"{server.name} real client", lambda attempt, s=server: asyncio.run(_run(s, prefix, f"t{attempt}", plan.quick)),
             pids, plan)
         level = results[server.name]
         logger.info("%s real client: %.1f tok/s aggregate, %s running at most", server.name,
