@@ -66,8 +66,9 @@ def stream_chat(url: str, body: dict[str, Any], started: threading.Event | None 
     return {**result, "text": "".join(text), "logprobs": logprobs}
 
 
-def test_an_answer_without_max_tokens_runs_until_it_ends(client: openai.OpenAI, model_id: str) -> None:
+def test_an_answer_without_max_tokens_runs_until_it_ends(server: RunningServer, model_id: str) -> None:
     """The official SDK sends no max_tokens unless asked: the answer is not cut at --default-max-tokens (128)."""
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=900)  # a long answer
     completion = client.chat.completions.create(
         model=model_id, temperature=0,
         messages=[{"role": "user", "content": "Write a Python LRU cache class with docstrings and a usage example."}],

@@ -300,7 +300,7 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"tool_choice": "required"}, "tool_choice"),
     ({"presence_penalty": 3}, "presence_penalty"),
     ({"seed": "abc"}, "seed"),
-    ({"functions": [{"name": "x"}]}, "functions"),
+    ({"messages": [{"role": "user", "content": "hi", "name": 5}]}, "messages.0.name"),  # (top-level unknowns: ignored)
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "bad", "schema": {
         "type": "object", "properties": {"a": {"$ref": "#/definitions/missing"}}}}}}, "response_format"),
 ]
