@@ -41,7 +41,9 @@ class KvLedger:
         else:
             start = self.length(seq_id)
             blocks.append(_Block(seq_id, start, {seq_id: start + n}))
-        self._recount()
+        # Once per decode token and sequence, so no recount: the owner's reference is its block's longest
+        # (copies took prefixes of it), so the block, and the cells in use, grow by exactly n.
+        self.used += n
 
     def copy(self, src: int, dst: int, length: int) -> None:
         """`dst` (holding nothing) takes the cells of positions [0, length) of `src`."""
