@@ -34,8 +34,11 @@ TIMEOUT = 300  # the machine is shared: be patient, assert on outcomes rather th
 
 
 def log_lines(server: RunningServer) -> list[dict[str, Any]]:
-    """Every line of a JSON-format server log, parsed (a line that is not JSON fails the test)."""
-    return [json.loads(line) for line in server.log().splitlines() if line.strip()]
+    """Every complete line of a JSON-format server log, parsed (a line that is not JSON fails the test). The
+    last line may still be being written while the server runs: it counts once its newline is there."""
+    text = server.log()
+    complete = text[: text.rfind("\n") + 1]
+    return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
 def access_lines(server: RunningServer, request_id: str) -> list[dict[str, Any]]:
