@@ -1,7 +1,7 @@
 """Side-by-side throughput and latency benchmark; see benchmarks/README.md.
 
     .venv/bin/python benchmarks/run_benchmarks.py [--quick] [--skip-peer]
-    .venv/bin/python benchmarks/run_benchmarks.py --only structured|real-client [--llama-server PATH]
+    .venv/bin/python benchmarks/run_benchmarks.py --only structured|real-client|infill [--llama-server PATH]
 
 In one run, on the same model and thread count:
   (a) raw: the llama-cpp-python decode ceiling, a low-level batched greedy decode loop;
@@ -13,6 +13,8 @@ Writes benchmarks/results/latest.{json,md,png}; server logs go to benchmarks/res
 `--only` runs one of the parts that run alone instead, against ours and llama.cpp's llama-server:
   structured: plain vs json_object, json_schema and a required tool call, and grammar compile costs (issue 14);
   real-client: no max_tokens, a shared ~1,000-token system prompt, 8 clients (issue 12);
+  infill: code completion in the editor, a keystroke replay on /infill as llama.vscode drives it: a source file of
+    this repository typed again line by line, each keystroke's request cancelling the last (issue 16);
 each writes benchmarks/results/PART.{json,md}.
 The parts live in benchmarks/suite/ (its __init__ lists them).
 
@@ -32,13 +34,14 @@ from pathlib import Path
 
 from suite.plan import RESULTS
 
-PARTS = ("structured", "real-client")  # suite/parts.py
+PARTS = ("structured", "real-client", "infill")  # suite/parts.py
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests and repeats (a few minutes)")
-    parser.add_argument("--skip-peer", action="store_true", help="do not run llama_cpp.server")
+    parser.add_argument("--skip-peer", action="store_true",
+                        help="do not run llama_cpp.server (with --only: llama-server)")
     parser.add_argument("--quiet-wait", type=float, default=120.0, metavar="S",
                         help="before each phase, wait up to S seconds for other processes to leave the CPUs "
                         "idle (default: %(default)s; 0 measures at once)")

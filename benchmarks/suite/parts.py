@@ -1,6 +1,7 @@
-"""The parts that run alone (`run_benchmarks.py --only PART`): structured outputs (issue 14) and the real-client
-workload (issue 12), ours and llama.cpp's llama-server side by side when its binary is found. Each writes its own
-results/PART.{json,md} and leaves latest.* to the full run."""
+"""The parts that run alone (`run_benchmarks.py --only PART`): structured outputs (issue 14), the real-client
+workload (issue 12) and the editor's keystroke replay on /infill (issue 16), ours and llama.cpp's llama-server side
+by side when its binary is found (and not --skip-peer). Each writes its own results/PART.{json,md} and leaves
+latest.* to the full run."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +22,8 @@ import edge_llm
 from edge_llm.models.fetch import default_model_path
 
 from . import processes
+from .keystrokes import PEER_FLAGS, PEER_PARALLEL, run_keystrokes, workload
+from .keystrokes_report import infill_markdown, keystroke_targets, summarize
 from .load import shared_prefix_text
 from .measure import wait_for_quiet
 from .plan import REPO, RESULTS, THREADS, Plan
@@ -40,7 +43,7 @@ from .structured_report import OURS, PEER, real_client_markdown, structured_mark
 
 logger = logging.getLogger(__name__)
 
-PARTS = ("structured", "real-client")
+PARTS = ("structured", "real-client", "infill")
 
 
 def measured_commit() -> str:
@@ -62,20 +65,22 @@ def metadata(model: Path, plan: Plan, binary: Path | None) -> dict[str, Any]:
         "quick": plan.quick,
         "peer": f"llama-server ({binary})" if binary else None,
         "peer_note": None if binary else (
-            "llama-server not found (--llama-server PATH, $LLAMA_SERVER or PATH; benchmarks/README.md says how to "
-            "build it): ours only"),
+            "llama-server not run (--skip-peer) or not found (--llama-server PATH, $LLAMA_SERVER or PATH; "
+            "benchmarks/README.md says how to build it): ours only"),
         "loadavg_before": os.getloadavg()[0],
     }
 
 
 @contextmanager
-def servers(model: Path, binary: Path | None, parallel: int) -> Iterator[list[Server]]:
-    """Ours (`--parallel 8`) and, when there is a binary, llama-server with `parallel` slots, both running."""
+def servers(model: Path, binary: Path | None, parallel: int, peer_flags: Sequence[str] = ()) -> Iterator[list[Server]]:
+    """Ours (`--parallel 8`) and, when there is a binary, llama-server with `parallel` slots (and `peer_flags`),
+    both running."""
     with ExitStack() as stack:
         running = stack.enter_context(processes.ours(model, RESULTS))
         found = [Server(OURS, running.url, running.process.pid)]
         if binary is not None:
-            running = stack.enter_context(processes.llama_server(binary, model, RESULTS, parallel))
+            running = stack.enter_context(processes.llama_server(binary, model, RESULTS, parallel,
+                                                                 extra_flags=peer_flags))
             found.append(Server(PEER, running.url, running.process.pid))
         yield found
 
@@ -120,9 +125,27 @@ def run_real_client_part(args: argparse.Namespace, plan: Plan, model: Path, bina
     return results
 
 
+def run_infill_part(args: argparse.Namespace, plan: Plan, model: Path, binary: Path | None) -> dict[str, Any]:
+    """The keystroke replay (suite/keystrokes.py); llama-server with its default 4 slots and `--cache-reuse 256`,
+    as llama.vscode recommends. The results are rewritten after every line pair."""
+    results: dict[str, Any] = {"meta": {**metadata(model, plan, binary), "workload": workload(plan),
+                                        "peer_parallel": PEER_PARALLEL}}
+
+    def checkpoint(runs: dict[str, Any]) -> None:
+        results["runs"] = runs
+        results["summary"] = summarize(results)
+        results["targets"] = keystroke_targets(results["summary"])
+        write_part(args.out, "infill", results)
+
+    with servers(model, binary, PEER_PARALLEL, PEER_FLAGS) as running:
+        checkpoint(run_keystrokes(running, plan, checkpoint))
+    return results
+
+
 RUNNERS: dict[str, tuple[Callable[..., dict[str, Any]], Callable[[dict[str, Any]], str]]] = {
     "structured": (run_structured, structured_markdown),
     "real-client": (run_real_client_part, real_client_markdown),
+    "infill": (run_infill_part, infill_markdown),
 }
 
 
@@ -142,9 +165,9 @@ def run_part(part: str, args: argparse.Namespace) -> str:
     if args.attempts:
         plan = replace(plan, attempts=args.attempts)
     model = (args.model or default_model_path()).resolve()
-    binary = processes.find_llama_server(args.llama_server)
+    binary = None if args.skip_peer else processes.find_llama_server(args.llama_server)
     if binary is None:
-        logger.warning("llama-server not found: measuring ours only (see benchmarks/README.md)")
+        logger.warning("llama-server skipped or not found: measuring ours only (see benchmarks/README.md)")
     RESULTS.mkdir(parents=True, exist_ok=True)
     results = RUNNERS[part][0](args, plan, model, binary)
     results["meta"]["loadavg_after"] = os.getloadavg()[0]

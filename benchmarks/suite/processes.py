@@ -13,7 +13,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -47,13 +47,15 @@ def find_llama_server(explicit: Path | None = None) -> Path | None:
 
 
 @contextmanager
-def llama_server(binary: Path, model: Path, log_dir: Path, parallel: int, ctx: int = 8192) -> Iterator[RunningServer]:
+def llama_server(binary: Path, model: Path, log_dir: Path, parallel: int, ctx: int = 8192,
+                 extra_flags: Sequence[str] = ()) -> Iterator[RunningServer]:
     """llama.cpp's llama-server on the same model and threads: `parallel` slots sharing one unified KV cache of
-    `ctx` cells (as ours), Prometheus metrics on, logging to log_dir/llama-server.log."""
+    `ctx` cells (as ours), Prometheus metrics on, and `extra_flags` (e.g. `--cache-reuse 256`), logging to
+    log_dir/llama-server.log."""
     port = free_port()
     command = [str(binary), "--model", str(model), "--threads", str(THREADS), "--threads-batch", str(THREADS),
                "--parallel", str(parallel), "--ctx-size", str(ctx), "--kv-unified", "--metrics", "--jinja",
-               "--host", "127.0.0.1", "--port", str(port)]
+               *extra_flags, "--host", "127.0.0.1", "--port", str(port)]
     with run_process(command, f"http://127.0.0.1:{port}", log_dir / "llama-server.log", ready_path="/health",
                      cwd=REPO, startup_timeout=STARTUP_TIMEOUT_S) as server:
         wait_until_serving(server.url)
