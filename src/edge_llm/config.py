@@ -131,6 +131,11 @@ class Settings(BaseSettings):
         30.0, ge=0, description="Seconds a client may leave a response unread before it is disconnected and "
         "its sequence freed (0 disables)."
     )
+    pooling: Literal["auto", "mean", "last", "cls"] = Field(
+        "auto", description="How /v1/embeddings pools a text's per-token hidden states into one vector: the "
+        "average (mean), the last token's (last) or the first token's (cls); auto takes the pooling the GGUF "
+        "declares (embedding models do), else mean."
+    )
     strict_params: bool = Field(
         False, description="Refuse unknown request fields with a 400 instead of ignoring them (they are named in "
         "the X-Edge-LLM-Ignored-Fields response header)."

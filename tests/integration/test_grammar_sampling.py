@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import llama_cpp
 import pytest
 
-from edge_llm.engine.runner import ContextConfig, LlamaRunner, json_schema_to_grammar
+from edge_llm.engine.llama.runner import ContextConfig, LlamaRunner, json_schema_to_grammar
 from edge_llm.engine.scheduler import StepPlan
 from edge_llm.engine.types import SamplingParams
 from edge_llm.testing.server import MODEL

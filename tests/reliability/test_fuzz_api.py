@@ -44,6 +44,7 @@ OPERATIONS = [
     ("POST", "/v1/messages/count_tokens"),
     ("POST", "/v1/responses"),
     ("POST", "/infill"),
+    ("POST", "/v1/embeddings"),
     ("POST", "/tokenize"),
     ("POST", "/detokenize"),
     ("GET", "/v1/models"),

@@ -30,6 +30,7 @@ from edge_llm.api.protocol import (
 )
 from edge_llm.api.protocol_llama import InfillRequest
 from edge_llm.api.protocol_responses import ResponsesRequest
+from edge_llm.api.protocol_embeddings import EmbeddingsRequest
 from edge_llm.api.protocol_anthropic import CountTokensRequest, MessagesRequest
 from edge_llm.api.routes import debug_router, router
 from edge_llm.api.security import ApiKeyAuth, HostGuard, load_api_keys, warn_if_exposed
@@ -143,7 +144,8 @@ def _document_request_schemas(app: FastAPI) -> None:
             schema = original()
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             for model in (ChatCompletionRequest, SimplePromptRequest, CompletionRequest, InfillRequest,
-                          TokenizeRequest, DetokenizeRequest, MessagesRequest, CountTokensRequest, ResponsesRequest):
+                          TokenizeRequest, DetokenizeRequest, MessagesRequest, CountTokensRequest, ResponsesRequest,
+                          EmbeddingsRequest):
                 definition = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 components.update(definition.pop("$defs", {}))
                 components[model.__name__] = definition

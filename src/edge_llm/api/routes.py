@@ -16,9 +16,11 @@ from edge_llm.api.protocol import (
     ModelCard,
     ModelList,
 )
+from edge_llm.api.protocol_embeddings import EmbeddingsResponse
 from edge_llm.api.serving import (
     ChatServing,
     CompletionServing,
+    EmbeddingServing,
     InfillServing,
     ModelServing,
     ResponsesServing,
@@ -85,6 +87,18 @@ async def completions(request: Request) -> Response:
 )
 async def infill(request: Request) -> Response:
     return await _serving(request, InfillServing).infill(request)
+
+
+@router.post("/embeddings", **_UNVERSIONED)
+@router.post(
+    "/v1/embeddings",
+    response_model=EmbeddingsResponse,
+    responses=_ERRORS,
+    openapi_extra=_json_body("EmbeddingsRequest"),
+    summary="Embeddings: one normalised vector per input, pooled from the served model's hidden states",
+)
+async def embeddings(request: Request) -> Response:
+    return await _serving(request, EmbeddingServing).embeddings(request)
 
 
 @router.post(

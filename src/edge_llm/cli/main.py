@@ -206,7 +206,7 @@ def _graceful_server(app, settings: Settings):  # type: ignore[no-untyped-def]
 
 def _runner_factory(settings: Settings):  # type: ignore[no-untyped-def]
     def load():  # type: ignore[no-untyped-def]
-        from edge_llm.engine.runner import ContextConfig, LlamaRunner
+        from edge_llm.engine.llama.runner import ContextConfig, LlamaRunner
 
         return LlamaRunner(
             settings.model,

@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from edge_llm.engine.types import EngineEvent, Failed, Finished
+from edge_llm.engine.types import Embedded, EngineEvent, Failed, Finished
 
 
 class ChoiceSender:
@@ -49,11 +49,11 @@ class ReplyChannel:
         return self, 0
 
     async def choice_events(self) -> AsyncIterator[tuple[int, EngineEvent]]:
-        """(choice index, event) until every choice has ended (Finished or Failed)."""
+        """(choice index, event) until every choice has ended (Finished, Failed, or Embedded)."""
         open_choices = self.choices
         while open_choices:
             index, event = await self._queue.get()
-            if isinstance(event, (Finished, Failed)):
+            if isinstance(event, (Finished, Failed, Embedded)):
                 open_choices -= 1
             yield index, event
 

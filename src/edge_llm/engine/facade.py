@@ -3,6 +3,7 @@
 The API layer talks to the engine only through this class (and the plain data in `engine.types`):
 
 - generation: `submit` a request's choices on one reply channel, `abort` one;
+- embeddings: `submit_embedding` (its answer is one `Embedded` on the channel), `abort`;
 - vocabulary: `tokenize`, `detokenize`, `is_valid_token`, `n_vocab`;
 - model facts: `model_info`;
 - grammar: `check_grammar`, `json_schema_to_grammar` (both raise `GrammarError`);
@@ -26,7 +27,14 @@ from typing import Any, Protocol, TypeVar, cast
 from edge_llm.engine.channel import ReplyChannel
 from edge_llm.engine.grammar import GrammarError
 from edge_llm.engine.hooks import EngineObserver
-from edge_llm.engine.types import EngineError, EngineStats, EngineUnavailableError, GenerationRequest, ModelInfo
+from edge_llm.engine.types import (
+    EmbeddingRequest,
+    EngineError,
+    EngineStats,
+    EngineUnavailableError,
+    GenerationRequest,
+    ModelInfo,
+)
 from edge_llm.engine.worker import Engine
 
 __all__ = ["EngineClient", "GrammarError", "ReplyChannel"]
@@ -147,6 +155,13 @@ class EngineClient:
             raise
         return channel
 
+    def submit_embedding(self, request: EmbeddingRequest) -> ReplyChannel:
+        """Queues an embedding request; one `Embedded` (or `Failed`) comes back on the channel. Event loop only.
+        Raises `EngineError` when the engine is not running."""
+        channel = ReplyChannel(1)
+        self._engine.submit_embedding(request, channel)
+        return channel
+
     def abort(self, request_id: str) -> None:
         """Ends the request at the engine's next step, whatever its phase; a no-op once it has ended."""
         self._engine.abort(request_id)
@@ -208,6 +223,6 @@ class EngineClient:
         schema takes a while): call it in the tokenizer thread."""
         # runner is the only module importing llama_cpp (which loads the native library): imported when first
         # needed, so that the API imports without it (unit tests run the engine with fake runners).
-        from edge_llm.engine.runner import json_schema_to_grammar
+        from edge_llm.engine.llama.runner import json_schema_to_grammar
 
         return json_schema_to_grammar(schema)

@@ -6,6 +6,8 @@ import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 
 class FinishReason(str, enum.Enum):
     STOP = "stop"  # end-of-generation token or a stop string
@@ -42,6 +44,21 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     logprobs: int | None = None  # None: off; k: the chosen token's logprob and the k likeliest
     cache_prompt: bool = True  # False: neither reuses nor leaves a prefix-cache entry (llama-server's field)
+
+
+class Pooling(str, enum.Enum):
+    """How an input's per-token hidden states become one embedding vector."""
+
+    MEAN = "mean"  # their average: the usual choice for a model not trained for embeddings
+    LAST = "last"  # the last token's (it has attended to the whole input in a causal model)
+    CLS = "cls"  # the first token's (models trained with a leading [CLS] summary token)
+
+
+@dataclass
+class EmbeddingRequest:
+    request_id: str
+    inputs: list[list[int]]  # token ids, each input non-empty, within ModelInfo.embedding_max_tokens
+    pooling: Pooling = Pooling.MEAN
 
 
 @dataclass(frozen=True)
@@ -83,6 +100,8 @@ class ModelInfo:
     bos_token: int | None  # the BOS token to put first, None when the model adds none
     metadata: dict[str, str]
     fim: FimTokens | None = None  # None: the model was not trained for fill-in-the-middle
+    embedding_dimensions: int = 0  # the length of an embedding vector; 0: this model cannot embed here
+    embedding_max_tokens: int = 0  # the longest input an embedding is computed for
 
 
 @dataclass(frozen=True)
@@ -130,7 +149,15 @@ class Failed:
     code: str = "engine_error"
 
 
-EngineEvent = TextDelta | Finished | Failed
+@dataclass(frozen=True)
+class Embedded:
+    """The answer of an EmbeddingRequest: one L2-normalised float32 vector per input, in input order."""
+
+    vectors: tuple[np.ndarray, ...]
+    prompt_tokens: int
+
+
+EngineEvent = TextDelta | Finished | Failed | Embedded
 
 
 class EngineError(Exception):
@@ -147,6 +174,10 @@ class EngineUnavailableError(EngineError):
 
 class OutOfCellsError(EngineError):
     """The KV cache had no room for a batch (llama_decode returned 1)."""
+
+
+class EmbeddingUnavailableError(EngineError):
+    """This model cannot compute embeddings here (an encoder-decoder model, or no memory for the context)."""
 
 
 class SamplingExhausted(EngineError):

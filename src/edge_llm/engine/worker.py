@@ -1,8 +1,9 @@
 """The engine thread: it owns the model, takes commands from one inbox and runs the step loop.
 
-HTTP tasks call `submit` / `abort` (thread-safe, never blocking); everything that touches
-llama.cpp happens on the engine thread. Each request's text, then its end marker
-(`Finished`) or error (`Failed`), flows back on its own `ReplyChannel`.
+HTTP tasks call `submit` / `submit_embedding` / `abort` (thread-safe, never blocking); everything that touches
+llama.cpp happens on the engine thread. Each request's text, then its end marker (`Finished`) or error (`Failed`),
+flows back on its own `ReplyChannel`; an embedding request's answer is one `Embedded`. Embedding work runs one
+chunk at a time between decode steps (engine/embeddings.py).
 """
 
 from __future__ import annotations
@@ -12,14 +13,17 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
+from edge_llm.engine.active import ActiveRequest, phase_name
 from edge_llm.engine.channel import Outbox, Sender
+from edge_llm.engine.embeddings import EmbeddingQueue
 from edge_llm.engine.hooks import EngineObserver
-from edge_llm.engine.scheduler import KvOp, Phase, RequestTooLargeError, Scheduler, Sequence, StepPlan
+from edge_llm.engine.runner_protocol import Runner
+from edge_llm.engine.scheduler import RequestTooLargeError, Scheduler, StepPlan
 from edge_llm.engine.text import OutputText
 from edge_llm.engine.types import (
+    EmbeddingRequest,
     EngineStats,
     EngineUnavailableError,
     Failed,
@@ -29,47 +33,11 @@ from edge_llm.engine.types import (
     OutOfCellsError,
     QueueFullError,
     SamplingExhausted,
-    SamplingParams,
     TextDelta,
-    TokenLogprob,
     Usage,
 )
 
 logger = logging.getLogger(__name__)
-
-
-class SamplerHandle(Protocol):
-    def close(self) -> None: ...
-
-
-class Runner(Protocol):
-    """What the engine needs from the model (the real one is `runner.LlamaRunner`)."""
-
-    def decode(self, plan: StepPlan) -> None: ...
-    def new_sampler(self, params: SamplingParams) -> Any: ...
-    def sample(self, sampler: Any, batch_index: int) -> int: ...
-    def piece(self, token: int) -> bytes: ...
-    def is_end_of_generation(self, token: int) -> bool: ...
-    def apply_kv_ops(self, ops: list[KvOp]) -> None: ...
-    def close(self) -> None: ...
-
-
-@dataclass(eq=False)
-class _Active:
-    request: GenerationRequest
-    channel: Sender
-    submitted_at: float
-    sequence: Sequence | None = None
-    sampler: Any = None
-    output: OutputText = field(default_factory=OutputText)
-    admitted_at: float = 0.0
-    first_token_at: float = 0.0
-    last_token_at: float = 0.0
-    deadline: float = float("inf")
-    text_parts: list[str] | None = None  # the output, kept only for --log-prompts
-    preempted_at: float = 0.0  # when it was last put back in the queue (0: it is not there)
-    recompute_s: float = 0.0  # time spent queued again and recomputing after preemptions
-    pending_logprobs: list[TokenLogprob] = field(default_factory=list)  # tokens whose text is held back
 
 
 class Engine:
@@ -100,7 +68,8 @@ class Engine:
         self._close_hooks: list[Callable[[], None]] = []
         self._close_hooks_ran = False
         self._waiting_ids: set[str] = set()  # submitted, not yet admitted (bounded by queue_capacity)
-        self._active: dict[str, _Active] = {}  # engine thread only
+        self._active: dict[str, ActiveRequest] = {}  # engine thread only
+        self._embeddings = EmbeddingQueue()  # engine thread only
         self._outbox = Outbox()  # engine thread only: flushed once a step
         self._thread = threading.Thread(target=self._main, name="edge-llm-engine", daemon=True)
         self._loaded = threading.Event()
@@ -163,7 +132,7 @@ class Engine:
     # ---- requests (any thread) -----------------------------------------------------------
 
     def submit(self, request: GenerationRequest, channel: Sender) -> None:
-        active = _Active(request, channel, time.monotonic())
+        active = ActiveRequest(request, channel, time.monotonic())
         if self.request_timeout is not None:
             active.deadline = active.submitted_at + self.request_timeout
         with self._lock:
@@ -173,6 +142,13 @@ class Engine:
                 raise QueueFullError(f"the request queue is full ({self.queue_capacity} waiting)")
             self._waiting_ids.add(request.request_id)
             self._inbox.put(("submit", active))
+
+    def submit_embedding(self, request: EmbeddingRequest, channel: Sender) -> None:
+        """Queues an embedding request; its `Embedded` answer (or `Failed`) comes back on `channel`."""
+        with self._lock:
+            if self._closed or not self.ready:
+                raise EngineUnavailableError("the engine is not running")
+            self._inbox.put(("embed", (request, channel)))
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))
@@ -245,7 +221,7 @@ class Engine:
         scheduler = self._scheduler
         while True:
             self._outbox.flush()
-            if not self._drain_inbox(block=scheduler.idle()):
+            if not self._drain_inbox(block=scheduler.idle() and not self._embeddings.pending):
                 return
             if self.request_timeout is not None and self._active:
                 self._expire(time.monotonic())
@@ -269,15 +245,16 @@ class Engine:
                             sequence.generated, scheduler.free_cells, scheduler.n_ctx,
                             extra={"request_id": sequence.request_id})
             self.runner.apply_kv_ops(plan.kv_ops)
-            if plan.empty:
-                continue
-            self._decode(plan)
-            for sequence, batch_index in plan.samples:
-                active = self._active.get(sequence.request_id)
-                if active is not None:
-                    self._sample(active, batch_index)
+            if not plan.empty:
+                self._decode(plan)
+                for sequence, batch_index in plan.samples:
+                    active = self._active.get(sequence.request_id)
+                    if active is not None:
+                        self._sample(active, batch_index)
+            if self._embeddings.pending:  # one small chunk between decode steps
+                self._embeddings.step(self.runner.hidden_states, self._outbox)
 
-    def _sample(self, active: _Active, batch_index: int) -> None:
+    def _sample(self, active: ActiveRequest, batch_index: int) -> None:
         try:
             token = self.runner.sample(active.sampler, batch_index)
             if active.request.logprobs is not None:
@@ -306,12 +283,14 @@ class Engine:
                 self._admit_request(payload)
             elif command == "abort":
                 self._cancel(payload)
+            elif command == "embed":
+                self._embeddings.add(*payload)
             elif command == "stop":
                 return False
             elif command == "crash":
                 raise RuntimeError("the engine thread was killed by the test hook")
 
-    def _admit_request(self, active: _Active) -> None:
+    def _admit_request(self, active: ActiveRequest) -> None:
         request = active.request
         try:
             # A request that cannot be served fails alone; it never takes the engine thread down.
@@ -333,11 +312,13 @@ class Engine:
         self._active[request.request_id] = active
 
     def _cancel(self, request_id: str) -> None:
+        if self._embeddings.cancel(request_id):
+            return
         with self._lock:
             self._waiting_ids.discard(request_id)
         active = self._active.get(request_id)
         if active is not None:
-            logger.debug("request cancelled in phase %s", _phase_name(active.sequence),
+            logger.debug("request cancelled in phase %s", phase_name(active.sequence),
                          extra={"request_id": request_id})
             self._finish(active, FinishReason.CANCELLED)
 
@@ -352,7 +333,7 @@ class Engine:
             with self._lock:
                 self._waiting_ids.discard(request_id)
             logger.info("request timed out after %.1f s in phase %s", now - active.submitted_at,
-                        _phase_name(active.sequence), extra={"request_id": request_id})
+                        phase_name(active.sequence), extra={"request_id": request_id})
             self._finish(active, FinishReason.TIMEOUT)
 
     def _decode(self, plan: StepPlan) -> None:
@@ -365,7 +346,7 @@ class Engine:
             self.runner.apply_kv_ops(self._scheduler.take_pending_ops())
             self.runner.decode(plan)
 
-    def _on_token(self, active: _Active, token: int) -> None:
+    def _on_token(self, active: ActiveRequest, token: int) -> None:
         sequence = active.sequence
         now = time.monotonic()
         observer = self.observer
@@ -385,7 +366,7 @@ class Engine:
         self._scheduler.on_sampled(sequence, token)
         text = active.output.feed(self.runner.piece(token))
         if text:
-            self._outbox.add(active.channel, TextDelta(text, sequence.generated, self._take_logprobs(active)))
+            self._outbox.add(active.channel, TextDelta(text, sequence.generated, active.take_logprobs()))
             if active.text_parts is not None:
                 active.text_parts.append(text)
         if active.output.stopped:
@@ -393,17 +374,9 @@ class Engine:
         elif sequence.generated >= sequence.max_tokens:
             self._finish(active, FinishReason.LENGTH)
 
-    @staticmethod
-    def _take_logprobs(active: _Active) -> tuple[TokenLogprob, ...]:
-        if not active.pending_logprobs:
-            return ()
-        taken = tuple(active.pending_logprobs)
-        active.pending_logprobs.clear()
-        return taken
-
-    def _finish(self, active: _Active, reason: FinishReason) -> None:
+    def _finish(self, active: ActiveRequest, reason: FinishReason) -> None:
         sequence = active.sequence
-        phase = _phase_name(sequence)
+        phase = phase_name(sequence)
         del self._active[active.request.request_id]
         self._scheduler.remove(sequence, keep_in_cache=True)
         if active.sampler is not None:
@@ -411,7 +384,7 @@ class Engine:
         if reason is not FinishReason.CANCELLED:
             tail = active.output.finish()
             if tail:
-                self._outbox.add(active.channel, TextDelta(tail, sequence.generated, self._take_logprobs(active)))
+                self._outbox.add(active.channel, TextDelta(tail, sequence.generated, active.take_logprobs()))
                 if active.text_parts is not None:
                     active.text_parts.append(tail)
         now = time.monotonic()
@@ -431,7 +404,7 @@ class Engine:
             self.observer.request_finished(active.request.request_id, reason, usage, phase, text)
         self._outbox.add(active.channel, Finished(reason, usage, timings, active.output.stop_string))
 
-    def _fail(self, active: _Active, message: str, code: str) -> None:
+    def _fail(self, active: ActiveRequest, message: str, code: str) -> None:
         """Ends one request with an error (what it streamed so far stays sent)."""
         del self._active[active.request.request_id]
         self._scheduler.remove(active.sequence, keep_in_cache=True)
@@ -442,7 +415,7 @@ class Engine:
         self._outbox.add(active.channel, Failed(message, code=code))
 
     def _fail_everything(self, message: str, code: str) -> None:
-        failed: list[_Active] = list(self._active.values())
+        failed: list[ActiveRequest] = list(self._active.values())
         self._active.clear()
         while True:  # requests submitted but never seen by the loop
             try:
@@ -451,6 +424,9 @@ class Engine:
                 break
             if command == "submit":
                 failed.append(payload)
+            elif command == "embed":
+                self._embeddings.add(*payload)
+        self._embeddings.fail_all(self._outbox, message, code)
         for active in failed:
             if self.observer is not None:
                 self.observer.request_failed(active.request.request_id, code)
@@ -460,10 +436,3 @@ class Engine:
         self._outbox.flush()
         with self._lock:
             self._waiting_ids.clear()
-
-
-def _phase_name(sequence: Sequence | None) -> str:
-    """The phase as the metrics name it: queued, prefill or decode."""
-    if sequence is None or sequence.phase is Phase.WAITING:
-        return "queued"
-    return sequence.phase.value

@@ -9,6 +9,7 @@ from __future__ import annotations
 from edge_llm.api.serving.base import Serving
 from edge_llm.api.serving.chat import ChatServing
 from edge_llm.api.serving.completions import CompletionServing
+from edge_llm.api.serving.embeddings import EmbeddingServing
 from edge_llm.api.serving.infill import InfillServing
 from edge_llm.api.serving.messages import MessagesServing
 from edge_llm.api.serving.models import ModelServing
@@ -17,8 +18,8 @@ from edge_llm.api.serving.tokenization import TokenizationServing
 from edge_llm.config import Settings
 from edge_llm.engine.facade import EngineClient
 
-FAMILIES: tuple[type[Serving], ...] = (ChatServing, MessagesServing, CompletionServing, InfillServing, TokenizationServing,
-                                       ModelServing, ResponsesServing)
+FAMILIES: tuple[type[Serving], ...] = (ChatServing, MessagesServing, CompletionServing, InfillServing,
+                                       EmbeddingServing, TokenizationServing, ModelServing, ResponsesServing)
 
 
 def build_serving(settings: Settings, engine: EngineClient) -> dict[type[Serving], Serving]:
@@ -26,5 +27,5 @@ def build_serving(settings: Settings, engine: EngineClient) -> dict[type[Serving
     return {family: family(settings, engine) for family in FAMILIES}
 
 
-__all__ = ["FAMILIES", "ChatServing", "CompletionServing", "InfillServing", "MessagesServing", "ModelServing", "ResponsesServing", "Serving", "TokenizationServing",
-           "build_serving"]
+__all__ = ["FAMILIES", "ChatServing", "CompletionServing", "EmbeddingServing", "InfillServing", "MessagesServing",
+           "ModelServing", "ResponsesServing", "Serving", "TokenizationServing", "build_serving"]

@@ -322,9 +322,9 @@ class Serving:
 
         return await self.while_connected(request, generation, gather())
 
-    async def while_connected(self, request: Request, generation: Generation, work: Awaitable[T]) -> T:
-        """The result of `work` (reading the generation's answer); the generation is aborted when the client
-        leaves first."""
+    async def while_connected(self, request: Request, generation: Generation | str, work: Awaitable[T]) -> T:
+        """The result of `work` (reading the answer of a generation, or of the engine request with this id); the
+        engine work is aborted when the client leaves first."""
         result = asyncio.ensure_future(work)
         watcher = asyncio.ensure_future(_until_disconnected(request))
         try:
@@ -332,7 +332,10 @@ class Serving:
         finally:
             watcher.cancel()
             if not result.done():
-                self.abort(generation)
+                if isinstance(generation, str):
+                    self.engine.abort(generation)
+                else:
+                    self.abort(generation)
                 result.cancel()
         if not result.done():
             # The client left: nobody reads this answer, but it ends the request as handled (access status

@@ -1,0 +1,138 @@
+"""POST /v1/embeddings (and /embeddings): one vector per input from the served model's hidden states.
+
+Inputs are strings or token ids (OpenAI's four forms); each is checked (not empty, within the model's embedding
+length, valid token ids) before the engine sees it. The vectors are pooled as `--pooling` says and L2-normalised;
+the engine computes them between decode steps (engine/embeddings.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+
+import numpy as np
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from edge_llm.api.errors import from_engine_error, invalid_request
+from edge_llm.api.protocol_embeddings import (
+    MAX_INPUTS,
+    MAX_REQUEST_TOKENS,
+    Embedding,
+    EmbeddingsRequest,
+    EmbeddingsResponse,
+    EmbeddingsUsage,
+)
+from edge_llm.api.serving.base import Serving, engine_unavailable, failure_error
+from edge_llm.engine.types import (
+    Embedded,
+    EmbeddingRequest,
+    EngineError,
+    EngineUnavailableError,
+    Failed,
+    ModelInfo,
+    Pooling,
+)
+from edge_llm.logs import current_request_id, new_request_id
+
+logger = logging.getLogger(__name__)
+
+# GGUF `<arch>.pooling_type` (llama.cpp's enum) → ours; 0 (none) and 4 (rank) fall back to mean
+_GGUF_POOLING = {"1": Pooling.MEAN, "2": Pooling.CLS, "3": Pooling.LAST}
+
+
+class EmbeddingServing(Serving):
+    async def embeddings(self, request: Request) -> JSONResponse:
+        body = await self.read(request, EmbeddingsRequest)
+        info = self._embedding_model()
+        if body.dimensions is not None and body.dimensions != info.embedding_dimensions:
+            raise invalid_request(f"This model's embeddings have {info.embedding_dimensions} dimensions; "
+                                  "`dimensions` cannot change that", param="dimensions")
+        inputs = await self._token_inputs(body.input, info)
+        request_id = current_request_id() or new_request_id()
+        try:
+            channel = self.engine.submit_embedding(EmbeddingRequest(request_id, inputs, self.pooling(info)))
+        except EngineError as exc:
+            raise from_engine_error(exc) from None
+
+        async def answer() -> Embedded | Failed:
+            async for event in channel:
+                if isinstance(event, (Embedded, Failed)):
+                    return event
+            raise AssertionError("the engine ended an embedding request without an answer")
+
+        event = await self.while_connected(request, request_id, answer())
+        if isinstance(event, Failed):
+            raise failure_error(event)
+        data = [Embedding(index=i, embedding=_encoded(vector, body.encoding_format))
+                for i, vector in enumerate(event.vectors)]
+        usage = EmbeddingsUsage(prompt_tokens=event.prompt_tokens, total_tokens=event.prompt_tokens)
+        response = EmbeddingsResponse(data=data, model=self.model_id, usage=usage)
+        return JSONResponse(response.model_dump(), headers={"x-request-id": request_id})
+
+    def pooling(self, info: ModelInfo) -> Pooling:
+        if self.settings.pooling != "auto":
+            return Pooling(self.settings.pooling)
+        declared = next((value for key, value in info.metadata.items() if key.endswith(".pooling_type")), None)
+        return _GGUF_POOLING.get(declared or "", Pooling.MEAN)
+
+    def _embedding_model(self) -> ModelInfo:
+        info = self.engine.model_info
+        if info is None:
+            raise engine_unavailable(EngineUnavailableError("The model is not loaded yet"))
+        if not info.embedding_dimensions:
+            raise invalid_request(f"The model '{self.model_id}' cannot compute embeddings (it is an "
+                                  "encoder-decoder model)", param="model", code="embeddings_not_supported")
+        return info
+
+    async def _token_inputs(self, given: str | list[str] | list[int] | list[list[int]],
+                            info: ModelInfo) -> list[list[int]]:
+        """Each input as token ids, checked; texts are tokenized in the tokenizer thread."""
+        if isinstance(given, str):
+            items: list[str] | list[list[int]] = [given]
+        elif given and all(isinstance(item, int) for item in given):
+            items = [given]  # type: ignore[list-item]  # one text as token ids
+        else:
+            items = given  # type: ignore[assignment]
+        if not items:
+            raise invalid_request("`input` must not be empty", param="input")
+        if len(items) > MAX_INPUTS:
+            raise invalid_request(f"`input` has {len(items)} items; at most {MAX_INPUTS} are allowed", param="input")
+        texts = [item for item in items if isinstance(item, str)]
+        tokenized = iter(await self.off_loop(self._tokenize_all, texts) if texts else [])
+        inputs = [next(tokenized) if isinstance(item, str) else item for item in items]
+        limit = min(info.embedding_max_tokens, self.settings.max_prompt_tokens or info.embedding_max_tokens)
+        total = 0
+        for index, tokens in enumerate(inputs):
+            param = "input" if len(inputs) == 1 else f"input.{index}"
+            if not tokens:
+                raise invalid_request("An input to embed must not be empty", param=param)
+            if len(tokens) > limit:
+                raise invalid_request(f"This server embeds inputs of at most {limit} tokens; the input has "
+                                      f"{len(tokens)}", param=param, code="context_length_exceeded")
+            self._check_token_ids(tokens, param)
+            total += len(tokens)
+        if total > MAX_REQUEST_TOKENS:
+            raise invalid_request(f"The inputs have {total} tokens together; at most {MAX_REQUEST_TOKENS} are "
+                                  "allowed in one request", param="input")
+        return inputs
+
+    def _tokenize_all(self, texts: list[str]) -> list[list[int]]:
+        """Texts as the model reads them (its BOS when it adds one); control-token spellings stay text."""
+        return [self.engine.tokenize(text, add_special=True, parse_special=False) if text else [] for text in texts]
+
+    def _check_token_ids(self, tokens: list[int], param: str) -> None:
+        try:
+            for token in tokens:
+                if not self.engine.is_valid_token(token):
+                    raise invalid_request(f"Token id {token} is outside the vocabulary "
+                                          f"(0..{self.engine.n_vocab - 1})", param=param)
+        except EngineUnavailableError as exc:
+            raise engine_unavailable(exc) from None
+
+
+def _encoded(vector: np.ndarray, encoding_format: str) -> list[float] | str:
+    if encoding_format == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return [float(x) for x in vector]
+
