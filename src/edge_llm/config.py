@@ -131,6 +131,13 @@ class Settings(BaseSettings):
         30.0, ge=0, description="Seconds a client may leave a response unread before it is disconnected and "
         "its sequence freed (0 disables)."
     )
+    cache_reuse: int = Field(
+        64, ge=0, description="Fill-in-the-middle requests (/infill, completions with a suffix) may take over the "
+        "previous completion's cached prompt and move a chunk of at least N tokens that reappears after the edit "
+        "(the rest of the file) to its new positions instead of computing it again, as llama-server's "
+        "--cache-reuse; the moved keys are re-rotated but keep what preceded them before the edit, an "
+        "approximation editors accept for speed (0 = off)."
+    )
     pooling: Literal["auto", "mean", "last", "cls"] = Field(
         "auto", description="How /v1/embeddings pools a text's per-token hidden states into one vector: the "
         "average (mean), the last token's (last) or the first token's (cls); auto takes the pooling the GGUF "

@@ -120,3 +120,25 @@ def test_bad_infill_bodies_get_the_error_envelope(server: RunningServer) -> None
         response = httpx.post(server.url + "/infill", json=body, timeout=30)
         assert response.status_code == 400, (body, response.text)
         assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+# A file long enough that recomputing what follows the cursor would dominate a keystroke's latency.
+FILE_HEAD = "import math\n\n\ndef area(radius):\n    "
+FILE_TAIL = "".join(f"\n\ndef helper_{i}(value):\n    return math.sqrt(value) * {i} + value / {i + 1}\n"
+                    for i in range(12))
+
+
+def test_a_keystroke_moves_the_cached_rest_of_the_file_and_computes_only_the_edit(server: RunningServer) -> None:
+    """--cache-reuse (default 64): the second request's prefix differs by what was typed; the rest of the file
+    after the cursor is taken from the first request's cache, moved to its new positions, not computed again."""
+    first = infill(server, input_prefix=FILE_HEAD, input_suffix=FILE_TAIL, n_predict=4)
+    assert first.status_code == 200, first.text
+    typed = infill(server, input_prefix=FILE_HEAD + "result = ", input_suffix=FILE_TAIL, n_predict=4).json()
+    timings = typed["timings"]
+    assert timings["cache_n"] >= typed["tokens_evaluated"] - 12, timings  # all but the typed tokens (and FIM_MID)
+    assert timings["prompt_n"] <= 12
+    assert timings["cache_n"] + timings["prompt_n"] == typed["tokens_evaluated"]
+    assert not any(spelling in typed["content"] for spelling in CONTROL_SPELLINGS)
+    refused = infill(server, input_prefix=FILE_HEAD + "result = m", input_suffix=FILE_TAIL, n_predict=4,
+                     cache_prompt=False).json()
+    assert refused["timings"]["cache_n"] == 0  # cache_prompt: false neither reuses nor moves anything

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from edge_llm.engine.kv_ops import KvCopyRange, KvShift, KvTrim
 from edge_llm.engine.scheduler import KvCopy, KvOp, KvRemove, Phase, Scheduler, Sequence, StepPlan
 
 
@@ -27,16 +28,20 @@ class _Cell:
 class KvModel:
     def __init__(self, n_seq_max: int) -> None:
         self.n_seq_max = n_seq_max
-        self.cells: dict[int, list[_Cell]] = {}  # seq id → its cells by position (shared after a copy)
+        self.cells: dict[int, dict[int, _Cell]] = {}  # seq id → position → its cell (shared after a copy)
         self.log: list[KvOp] = []
 
     @property
     def seqs(self) -> dict[int, list[int]]:
-        return {seq_id: [cell.token for cell in cells] for seq_id, cells in self.cells.items()}
+        """Each sequence's tokens in position order."""
+        return {seq_id: [cells[p].token for p in sorted(cells)] for seq_id, cells in self.cells.items()}
+
+    def positions(self, seq_id: int) -> list[int]:
+        return sorted(self.cells.get(seq_id, {}))
 
     @property
     def cells_in_use(self) -> int:
-        return len({id(cell) for cells in self.cells.values() for cell in cells})
+        return len({id(cell) for cells in self.cells.values() for cell in cells.values()})
 
     def apply_ops(self, ops: list[KvOp]) -> None:
         for op in ops:
@@ -46,12 +51,39 @@ class KvModel:
                 self.cells.pop(op.seq_id, None)
             elif isinstance(op, KvCopy):
                 assert op.src_seq != op.dst_seq
-                src = self.cells.get(op.src_seq, [])
-                assert len(src) >= op.length > 0, f"copy of {op.length} positions from a sequence holding {len(src)}"
+                src = self.cells.get(op.src_seq, {})
+                assert op.length > 0 and all(p in src for p in range(op.length)), \
+                    f"copy of {op.length} positions from a sequence holding {sorted(src)}"
                 assert not self.cells.get(op.dst_seq), "copy into a sequence that still holds cells"
-                self.cells[op.dst_seq] = list(src[: op.length])
-            else:  # pragma: no cover - the scheduler has only two ops
+                self.cells[op.dst_seq] = {p: src[p] for p in range(op.length)}
+            elif isinstance(op, KvCopyRange):
+                src = self.cells.get(op.src_seq, {})
+                dst = self.cells.setdefault(op.dst_seq, {})
+                taken = {p: cell for p, cell in src.items() if op.start <= p < op.end}
+                assert taken, "a range copy of positions the source does not hold"
+                assert not set(taken) & set(dst), "a range copy onto positions the destination holds"
+                dst.update(taken)
+            elif isinstance(op, KvTrim):
+                cells = self.cells.get(op.seq_id, {})
+                end = op.end if op.end >= 0 else float("inf")
+                self.cells[op.seq_id] = {p: cell for p, cell in cells.items() if not op.start <= p < end}
+            elif isinstance(op, KvShift):
+                self._shift(op)
+            else:  # pragma: no cover - the scheduler has only these ops
                 raise AssertionError(op)
+
+    def _shift(self, op: KvShift) -> None:
+        """Like llama.cpp's seq_add: the positions of the sequence's cells in [start, end) move. A cell has one
+        position, so moving one that another sequence holds would corrupt that one: never allowed."""
+        cells = self.cells.get(op.seq_id, {})
+        moving = {p: cell for p, cell in cells.items() if op.start <= p < op.end}
+        assert moving, "a shift of positions the sequence does not hold"
+        others = {id(cell) for seq_id, held in self.cells.items() if seq_id != op.seq_id for cell in held.values()}
+        assert not any(id(cell) in others for cell in moving.values()), "a shift of cells another sequence holds"
+        staying = {p: cell for p, cell in cells.items() if p not in moving}
+        moved = {p + op.delta: cell for p, cell in moving.items()}
+        assert not set(moved) & set(staying), "a shift onto positions the sequence holds"
+        self.cells[op.seq_id] = staying | moved
 
     def decode(self, plan: StepPlan, batch_size: int) -> None:
         n = len(plan.tokens)
@@ -62,9 +94,11 @@ class KvModel:
         assert [i for i in range(n) if plan.logits[i]] == sorted(sample_indices), "logits only where sampled"
         for token, position, seq_id in zip(plan.tokens, plan.positions, plan.seq_ids):
             assert 0 <= seq_id < self.n_seq_max
-            cells = self.cells.setdefault(seq_id, [])
-            assert position == len(cells), f"seq {seq_id}: position {position} but it holds {len(cells)}"
-            cells.append(_Cell(token))
+            cells = self.cells.setdefault(seq_id, {})
+            # llama.cpp's rule: a sequence's new positions follow its last one (Y = X + 1)
+            assert position == (max(cells) + 1 if cells else 0), f"seq {seq_id}: position {position} after {sorted(cells)[-3:]}"
+            assert all(p in cells for p in range(position)), f"seq {seq_id}: position {position} after a gap"
+            cells[position] = _Cell(token)
 
 
 class Driver:
@@ -170,7 +204,7 @@ class Driver:
 
     def future_kv(self) -> KvModel:
         future = KvModel(self.kv.n_seq_max)
-        future.cells = {seq_id: list(cells) for seq_id, cells in self.kv.cells.items()}
+        future.cells = {seq_id: dict(cells) for seq_id, cells in self.kv.cells.items()}
         future.apply_ops(list(self.s._pending_ops))
         return future
 
@@ -181,14 +215,24 @@ class Driver:
         assert sequence.kv_tokens == sequence.prompt + sequence.output, "a token is lost or doubled in the KV"
 
     def check_kv(self, sequence: Sequence) -> None:
-        assert self.kv_after_pending_ops().get(sequence.seq_id, []) == sequence.kv_tokens
+        """Positions [0, n_past) hold kv_tokens; a moved chunk the prefill has not reached yet holds its tokens."""
+        future = self.future_kv()
+        assert future.positions(sequence.seq_id) == list(range(sequence.n_past))
+        assert future.seqs.get(sequence.seq_id, []) == sequence.kv_tokens
         assert len(sequence.kv_tokens) == sequence.n_past
+        moved = sequence.moved
+        if moved is not None:  # the chunk waits in its holder, at its old positions, until the prefill reaches it
+            assert moved.start > sequence.n_past, "a chunk the prefill has reached is not counted as computed"
+            assert future.positions(moved.holder) == list(range(moved.old_start, moved.old_start + moved.length))
+            assert future.seqs[moved.holder] == sequence.feed[moved.start:moved.start + moved.length]
 
     def check_cache(self) -> None:
         cells = self.kv_after_pending_ops()
+        future = self.future_kv()
         for seq_id, entry in self.s.cache.items():
             assert entry.seq_id == seq_id
             assert cells.get(seq_id, []) == list(entry.tokens), "cache entry differs from the KV cells"
+            assert future.positions(seq_id) == list(range(len(entry.tokens)))
 
     def check_coherent(self) -> None:
         """Every running sequence and cache entry holds exactly the cells the scheduler believes."""
@@ -202,7 +246,7 @@ class Driver:
         assert s.kv_cells_used <= s.n_ctx
         assert len(s.running) <= s.parallel
         assert len(s.cache) <= s.cache_slots
-        used = [q.seq_id for q in s.running] + list(s.cache)
+        used = [q.seq_id for q in s.running] + list(s.cache) + [q.moved.holder for q in s.running if q.moved]
         assert len(set(used)) == len(used), "a seq id is held twice"
         assert all(0 <= i < s.n_seq_max for i in used)
         free = list(s._free_seq_ids)

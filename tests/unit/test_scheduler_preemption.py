@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from edge_llm.engine.kv_ledger import KvLedger
+from edge_llm.engine.kv_ops import KvCopyRange, KvShift, KvTrim
 from edge_llm.engine.scheduler import MAX_PREEMPTIONS, KvRemove, Phase, RequestTooLargeError, Scheduler, Sequence
 
 from .scheduler_model import Driver
@@ -154,6 +155,71 @@ def test_a_request_that_can_never_fit_is_refused_before_decoding() -> None:
     raise AssertionError("a request over the context was accepted")
 
 
+# ---- moving a cached chunk (--cache-reuse) --------------------------------------------------------
+
+FILE_HEAD, FILE_TAIL = list(range(100, 140)), list(range(200, 260))
+
+
+def test_a_keystroke_moves_the_unchanged_rest_of_the_file_and_computes_only_the_edit() -> None:
+    d = make(n_ctx=400, batch_size=64, parallel=2, cache_slots=2)
+    first = d.s.add("before", FILE_HEAD + [7, 8] + FILE_TAIL + [9], 3, reuse_min=16)
+    d.run()
+    assert set(d.s.cache) == {first.seq_id}
+    edited = FILE_HEAD + [7, 8, 50, 51, 52] + FILE_TAIL + [9]  # three tokens typed after position 42
+    after = d.s.add("after", edited, 3, reuse_min=16)
+    plan = d.step(finish_at_max=False)
+    assert after.seq_id == first.seq_id and not d.s.cache  # it took the entry over
+    holder = plan.kv_ops[0].dst_seq  # a spare sequence holds the chunk while the typed tokens are computed
+    assert plan.kv_ops == [KvCopyRange(first.seq_id, holder, 42, 42 + 60), KvTrim(first.seq_id, 42)]
+    assert after.cached_tokens == 42 + 60
+    assert plan.prefilled_tokens == 3  # only the typed tokens; the last prompt token is decoded next
+    assert after.moved is None and after.n_past == len(edited) - 1  # reached: the chunk moves after them
+    assert d.s._pending_ops == [KvShift(holder, 42, 42 + 60, 3), KvCopyRange(holder, first.seq_id, 45, 45 + 60),
+                                KvRemove(holder)]
+    d.check_coherent()
+    d.check_invariants()
+    while not d.s.idle():
+        d.step()
+        d.check_invariants()
+    assert d.output["after"] == [1000, 1001, 1002]
+    assert d.s.cache and list(next(iter(d.s.cache.values())).tokens) == edited + [1000, 1001]
+
+
+def test_no_chunk_is_moved_without_reuse_or_when_its_cells_are_shared() -> None:
+    d = make(n_ctx=600, batch_size=64, parallel=3, cache_slots=3)
+    base = FILE_HEAD + [7, 8] + FILE_TAIL + [9]
+    d.s.add("before", base, 2, reuse_min=16)
+    d.run()
+    plain = d.s.add("plain", FILE_HEAD + [7, 8, 50] + FILE_TAIL + [9], 2)  # reuse_min 0: a plain prefix copy
+    plan = d.step(finish_at_max=False)
+    assert not any(isinstance(op, KvCopyRange) for op in plan.kv_ops) and plain.cached_tokens == 42
+    d.finish(plain, keep_in_cache=False)
+    d.run()
+    assert len(d.s.cache) == 1
+    # "twin" copies the whole entry (and its cells) before "edit" arrives in the same step: the chunk is shared
+    twin = d.s.add("twin", base + [1000], 2, reuse_min=16)
+    edit = d.s.add("edit", FILE_HEAD + [7, 8, 60] + FILE_TAIL + [9], 2, reuse_min=16)
+    plan = d.step(finish_at_max=False)
+    assert plan.admitted == [twin, edit]
+    assert not any(isinstance(op, KvCopyRange) for op in plan.kv_ops)
+    d.check_invariants()
+    d.run()
+
+
+def test_ledger_truncation_frees_what_nobody_else_holds() -> None:
+    ledger = KvLedger()
+    ledger.grow(0, 100)
+    ledger.copy(0, 1, 30)
+    assert not ledger.sole_holder_from(0, 20) and ledger.sole_holder_from(0, 30)
+    ledger.truncate(0, 50)
+    assert ledger.used == 50
+    ledger.grow(0, 10)  # a moved chunk, then the prefill's own cells
+    ledger.grow(0, 5)
+    assert ledger.used == 65 and ledger.length(0) == 65
+    ledger.drop(0)
+    assert ledger.used == 30
+
+
 # ---- the state machine ----------------------------------------------------------------------------
 
 PREFIXES = ([], [1, 2, 3, 1, 2, 3], [2, 2, 2, 2, 2, 2, 2, 2, 3])
@@ -182,14 +248,14 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.ended: list[Sequence] = []
 
     @rule(prefix=st.sampled_from(PREFIXES), tail=st.lists(st.integers(1, 3), min_size=1, max_size=12),
-          max_tokens=st.integers(1, 40))
-    def arrive(self, prefix: list[int], tail: list[int], max_tokens: int) -> None:
+          max_tokens=st.integers(1, 40), reuse_min=st.sampled_from([0, 0, 2, 3]))
+    def arrive(self, prefix: list[int], tail: list[int], max_tokens: int, reuse_min: int) -> None:
         prompt = prefix + tail
         if len(prompt) + max_tokens > self.s.n_ctx:
             max_tokens = self.s.n_ctx - len(prompt)
             if max_tokens < 1:
                 return
-        self.added.append(self.s.add(f"r{len(self.added)}", prompt, max_tokens))
+        self.added.append(self.s.add(f"r{len(self.added)}", prompt, max_tokens, reuse_min=reuse_min))
 
     @rule(steps=st.integers(1, 8), end_mask=st.integers(0, 255))
     def step(self, steps: int, end_mask: int) -> None:

@@ -62,7 +62,7 @@ class InfillRequest(BaseModel):
     seed: int | None = Field(None, ge=-1, le=2**64 - 1)  # -1: a random seed, as in llama-server
     repeat_penalty: float | None = Field(None, gt=0.0, le=10.0)
     stop: list[str] = Field(default_factory=list, max_length=MAX_STOP_STRINGS)
-    cache_prompt: bool = True  # the prefix cache is always used; accepted for the plugins
+    cache_prompt: bool = True  # false: this request neither reuses nor leaves a prefix-cache entry
     response_fields: list[str] | None = Field(None, max_length=64)
 
     @field_validator("stop")

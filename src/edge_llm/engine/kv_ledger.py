@@ -67,6 +67,32 @@ class KvLedger:
                 block.owner = -1  # seq ids are reused: a later holder of this id must not grow this block
         self._recount()
 
+    def truncate(self, seq_id: int, length: int) -> None:
+        """`seq_id` keeps only positions [0, length) of what it holds (what it grows next is a new block)."""
+        kept: list[_Block] = []
+        for block in self._holdings.get(seq_id, []):
+            if block.start >= length:
+                del block.ends[seq_id]
+                if block.owner == seq_id:
+                    block.owner = -1
+                continue
+            if block.ends[seq_id] > length:
+                block.ends[seq_id] = length
+                if block.owner == seq_id:
+                    block.owner = -1
+            kept.append(block)
+        self._holdings[seq_id] = kept
+        self._recount()
+
+    def sole_holder_from(self, seq_id: int, position: int) -> bool:
+        """Nobody else holds any of `seq_id`'s cells at positions >= `position` (they may be moved)."""
+        for block in self._holdings.get(seq_id, []):
+            if block.ends[seq_id] <= position:
+                continue
+            if any(end > max(position, block.start) for holder, end in block.ends.items() if holder != seq_id):
+                return False
+        return True
+
     def used_without(self, seq_ids: set[int]) -> int:
         """The cells in use if the holders `seq_ids` dropped theirs."""
         return self._count(exclude=seq_ids)

@@ -17,91 +17,19 @@ preempted again, so none starves.
 
 from __future__ import annotations
 
-import enum
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from edge_llm.engine.kv_ledger import KvLedger
+from edge_llm.engine.kv_ops import KvCopy, KvCopyRange, KvOp, KvRemove, KvShift, KvTrim
+from edge_llm.engine.sequence import CacheEntry, MovedChunk, Phase, Sequence
+from edge_llm.engine.token_match import common_prefix_length, moved_chunk
 
 MAX_PREEMPTIONS = 3
 # A preempted sequence comes back only when every running sequence can then grow this many more tokens:
 # resumed on the first free cells, it would be the newest again and the next victim within a step or two.
 RESUME_STEPS = 16
 EVICTION_REASONS = ("cache_slots", "kv_cells", "covered", "cleared")
-
-class Phase(enum.Enum):
-    WAITING = "waiting"
-    PREFILL = "prefill"
-    DECODE = "decode"
-
-
-@dataclass(eq=False)
-class Sequence:
-    request_id: str
-    prompt: list[int]
-    max_tokens: int
-    phase: Phase = Phase.WAITING
-    seq_id: int = -1
-    n_past: int = 0  # positions of this sequence already in the KV cache
-    cached_tokens: int = 0  # prompt positions reused from the prefix cache (at the first admission)
-    output: list[int] = field(default_factory=list)  # the tokens sampled so far
-    pending_token: int | None = None  # sampled, not yet decoded
-    # What the KV must hold before the next sample: the prompt, or after a preemption the prompt and
-    # the output (the last token of `feed` is decoded on its own and gives the next sample).
-    feed: list[int] = field(default_factory=list)
-    preemptions: int = 0
-    use_cache: bool = True  # False: shares no prefix with the cache or a leader, and leaves no cache entry
-    kv_tokens: list[int] = field(default_factory=list)  # the tokens at positions 0..n_past-1
-    # A follower shares its first `shared` prompt positions with a running `leader` still prefilling
-    # them; it copies them (KvCopy) once the leader has, instead of computing them twice.
-    leader: Sequence | None = None
-    shared: int = 0
-
-    def known_tokens(self) -> list[int]:
-        """The tokens this sequence's KV holds or will hold once its prompt is prefilled."""
-        return self.feed if self.phase is Phase.PREFILL else self.kv_tokens
-
-    @property
-    def generated(self) -> int:
-        return len(self.output)
-
-    @property
-    def reserved(self) -> int:
-        """The most cells this sequence can ever hold."""
-        return len(self.prompt) + self.max_tokens
-
-    @property
-    def growth_left(self) -> int:
-        """Cells this sequence may still add to those it holds."""
-        return self.reserved - self.n_past
-
-    def will_decode(self) -> bool:
-        """It takes a decode token (and a new cell) in the next step."""
-        if self.phase is Phase.DECODE:
-            return self.pending_token is not None
-        return self.phase is Phase.PREFILL and self.leader is None and self.n_past == len(self.feed) - 1
-
-
-@dataclass(eq=False)
-class CacheEntry:
-    seq_id: int
-    tokens: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class KvCopy:
-    src_seq: int
-    dst_seq: int
-    length: int  # positions [0, length)
-
-
-@dataclass(frozen=True)
-class KvRemove:
-    seq_id: int
-
-
-KvOp = KvCopy | KvRemove
-
 
 @dataclass
 class StepPlan:
@@ -132,14 +60,6 @@ MIN_SHARED_PREFIX = 8  # shorter common prefixes with running sequences are not 
 
 class RequestTooLargeError(ValueError):
     pass
-
-
-def common_prefix_length(a: tuple[int, ...] | list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class Scheduler:
@@ -194,14 +114,15 @@ class Scheduler:
 
     # ---- insert / remove ----------------------------------------------------------------
 
-    def add(self, request_id: str, prompt: list[int], max_tokens: int, *, use_cache: bool = True) -> Sequence:
+    def add(self, request_id: str, prompt: list[int], max_tokens: int, *, use_cache: bool = True,
+            reuse_min: int = 0) -> Sequence:
         if not prompt:
             raise ValueError("empty prompt")
         if len(prompt) + max_tokens > self.n_ctx or max_tokens < 1:
             raise RequestTooLargeError(
                 f"{len(prompt)} prompt tokens + {max_tokens} new tokens exceed the context of {self.n_ctx}"
             )
-        sequence = Sequence(request_id, list(prompt), max_tokens, use_cache=use_cache)
+        sequence = Sequence(request_id, list(prompt), max_tokens, use_cache=use_cache, reuse_min=reuse_min)
         sequence.feed = sequence.prompt
         self.waiting.append(sequence)
         return sequence
@@ -218,6 +139,7 @@ class Scheduler:
             return
         self.running.remove(sequence)
         self._release_followers(sequence)
+        self._drop_moved_chunk(sequence)
         if keep_in_cache and sequence.use_cache and self.cache_slots > 0 and sequence.n_past > 0:
             self._insert_cache_entry(CacheEntry(sequence.seq_id, tuple(sequence.kv_tokens)))
         else:
@@ -265,12 +187,15 @@ class Scheduler:
                 continue
             cells = self.free_cells - self._pinned_growth(other_than=sequence)
             end = min(sequence.n_past + room, sequence.n_past + max(cells, 0), len(sequence.feed) - 1)
+            if sequence.moved is not None:
+                end = min(end, sequence.moved.start)
             chunk = sequence.feed[sequence.n_past : end]
             for offset, token in enumerate(chunk):
                 plan.add(token, sequence.n_past + offset, sequence.seq_id, False)
             sequence.kv_tokens.extend(chunk)
             sequence.n_past += len(chunk)
             self.ledger.grow(sequence.seq_id, len(chunk))
+            self._reach_moved_chunk(sequence)
             plan.prefilled_tokens += len(chunk)
             room -= len(chunk)
         return plan
@@ -313,6 +238,7 @@ class Scheduler:
         """Frees `sequence`'s cells and puts it back first in the queue, to recompute what it had."""
         self.running.remove(sequence)
         self._release_followers(sequence)
+        self._drop_moved_chunk(sequence)
         self._release_seq_id(sequence.seq_id)
         sequence.preemptions += 1
         self.preemptions += 1
@@ -338,17 +264,21 @@ class Scheduler:
                     break  # FIFO: the head waits for running sequences to finish; nothing overtakes it
                 match = self._best_prefix(head.feed) if head.use_cache else None
             self.waiting.popleft()
-            head.seq_id = self._free_seq_ids.pop(0)
             head.phase = Phase.PREFILL
             lead = self._best_running_prefix(head)
             if lead is not None and (match is None or lead[1] > match[1]):
+                head.seq_id = self._free_seq_ids.pop(0)
                 head.leader, head.shared = lead
                 if head.leader.n_past >= head.shared:
                     self._copy_from_leader(head)
-            elif match is not None:
-                entry, length = match
-                self._queue_copy(entry.seq_id, head, length)
-                self.cache.move_to_end(entry.seq_id)
+            elif match is not None and self._take_over_with_moved_chunk(head, *match):
+                pass
+            else:
+                head.seq_id = self._free_seq_ids.pop(0)
+                if match is not None:
+                    entry, length = match
+                    self._queue_copy(entry.seq_id, head, length)
+                    self.cache.move_to_end(entry.seq_id)
             self.running.append(head)
             admitted.append(head)
         return admitted
@@ -366,7 +296,7 @@ class Scheduler:
 
     def _prompt_cells_to_come(self) -> int:
         """Cells that running sequences still prefilling will fill with the rest of their feed."""
-        return sum(len(s.feed) - max(s.n_past, s.shared) for s in self.running
+        return sum(len(s.feed) - max(s.n_past, s.shared) - (s.moved.length if s.moved else 0) for s in self.running
                    if s.phase is Phase.PREFILL and not self.pinned(s))  # (a pinned one's is in its growth)
 
     def _make_room(self, head: Sequence, protect: tuple[CacheEntry, int] | None) -> bool:
@@ -404,6 +334,52 @@ class Scheduler:
             if length >= MIN_SHARED_PREFIX and (best is None or length > best[1]):
                 best = (sequence, length)
         return best
+
+    def _take_over_with_moved_chunk(self, head: Sequence, entry: CacheEntry, length: int) -> bool:
+        """--cache-reuse: when the rest of `head`'s feed holds a long enough chunk of the entry's tokens after their
+        common prefix (a keystroke's edit, then the unchanged rest of the file), `head` takes the entry's sequence
+        over: it keeps the prefix, a spare sequence holds the chunk while the edit is computed, and then the chunk
+        is moved to its new positions. False (nothing changed) when there is no chunk, or its cells are shared."""
+        if head.reuse_min <= 0 or head.preemptions:
+            return False
+        found = moved_chunk(entry.tokens, head.feed, length, len(head.feed) - 1, head.reuse_min)
+        if found is None or not self.ledger.sole_holder_from(entry.seq_id, found[0]):
+            return False
+        old_start, start, chunk = found
+        del self.cache[entry.seq_id]
+        head.seq_id = entry.seq_id
+        holder = self._free_seq_ids.pop(0)
+        self._pending_ops += [KvCopyRange(entry.seq_id, holder, old_start, old_start + chunk),
+                              KvTrim(entry.seq_id, length)]
+        self.ledger.truncate(entry.seq_id, length)
+        self.ledger.grow(holder, chunk)
+        head.kv_tokens = list(head.feed[:length])
+        head.n_past = length
+        head.cached_tokens = length + chunk
+        head.moved = MovedChunk(holder, old_start, start, chunk)
+        self._reach_moved_chunk(head)
+        return True
+
+    def _reach_moved_chunk(self, sequence: Sequence) -> None:
+        """Once the prefill reaches a moved chunk's new start, the chunk moves there and counts as computed."""
+        moved = sequence.moved
+        if moved is None or sequence.n_past != moved.start:
+            return
+        end = moved.start + moved.length
+        if moved.start != moved.old_start:
+            self._pending_ops.append(KvShift(moved.holder, moved.old_start, moved.old_start + moved.length,
+                                             moved.start - moved.old_start))
+        self._pending_ops.append(KvCopyRange(moved.holder, sequence.seq_id, moved.start, end))
+        self._release_seq_id(moved.holder)
+        self.ledger.grow(sequence.seq_id, moved.length)
+        sequence.kv_tokens.extend(sequence.feed[moved.start:end])
+        sequence.n_past = end
+        sequence.moved = None
+
+    def _drop_moved_chunk(self, sequence: Sequence) -> None:
+        if sequence.moved is not None:
+            self._release_seq_id(sequence.moved.holder)
+            sequence.moved = None
 
     def _queue_copy(self, src_seq: int, dst: Sequence, length: int) -> None:
         self._pending_ops.append(KvCopy(src_seq, dst.seq_id, length))

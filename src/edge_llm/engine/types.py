@@ -44,6 +44,7 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     logprobs: int | None = None  # None: off; k: the chosen token's logprob and the k likeliest
     cache_prompt: bool = True  # False: neither reuses nor leaves a prefix-cache entry (llama-server's field)
+    reuse_min: int = 0  # > 0: a cached chunk of at least this many tokens may be moved into place (--cache-reuse)
 
 
 class Pooling(str, enum.Enum):
@@ -100,6 +101,7 @@ class ModelInfo:
     bos_token: int | None  # the BOS token to put first, None when the model adds none
     metadata: dict[str, str]
     fim: FimTokens | None = None  # None: the model was not trained for fill-in-the-middle
+    can_move_cells: bool = False  # KV cells can be moved to other positions (RoPE models): --cache-reuse works
     embedding_dimensions: int = 0  # the length of an embedding vector; 0: this model cannot embed here
     embedding_max_tokens: int = 0  # the longest input an embedding is computed for
 

@@ -296,7 +296,7 @@ class Engine:
             # A request that cannot be served fails alone; it never takes the engine thread down.
             active.sampler = self.runner.new_sampler(request.sampling)
             active.sequence = self._scheduler.add(request.request_id, request.prompt_tokens, request.max_tokens,
-                                                  use_cache=request.cache_prompt)
+                                                  use_cache=request.cache_prompt, reuse_min=request.reuse_min)
         except Exception as exc:  # noqa: BLE001
             with self._lock:
                 self._waiting_ids.discard(request.request_id)

@@ -241,6 +241,13 @@ class Serving:
         room = limit - len(prompt)
         return min(cap_max_tokens(self.settings, room if max_tokens is None else max_tokens), room)
 
+    @property
+    def cache_reuse(self) -> int:
+        """The shortest cached chunk a fill-in-the-middle request may move into place; 0 when the model's KV cells
+        cannot be moved."""
+        info = self.engine.model_info
+        return self.settings.cache_reuse if info is not None and info.can_move_cells else 0
+
     # ---- a request's life in the engine ------------------------------------------------------------
 
     def start(
@@ -253,8 +260,10 @@ class Serving:
         stop: tuple[str, ...],
         logprobs: int | None,
         cache_prompt: bool = True,
+        fill_in_the_middle: bool = False,
     ) -> Generation:
-        """Submits one engine request per choice; choices of one prompt share its prefill (see scheduler)."""
+        """Submits one engine request per choice; choices of one prompt share its prefill (see scheduler).
+        Fill-in-the-middle requests may move a chunk of the previous keystroke's prompt (`--cache-reuse`)."""
         request_id = current_request_id() or new_request_id()  # the middleware's id
         budgets = [self.fit(prompt, max_tokens) for prompt in prompts]
         choices = len(prompts) * n
@@ -267,6 +276,7 @@ class Serving:
                 stop=stop,
                 logprobs=logprobs,
                 cache_prompt=cache_prompt,
+                reuse_min=self.cache_reuse if fill_in_the_middle and cache_prompt else 0,
             )
             for choice in range(choices)
         ]

@@ -20,7 +20,8 @@ from llama_cpp.llama_grammar import json_schema_to_gbnf
 from edge_llm.engine.grammar import CompiledGrammars, GrammarError, check_grammar_limits, check_schema_limits
 from edge_llm.engine.llama.embedding import EMBEDDING_MAX_TOKENS, EmbeddingContext
 from edge_llm.engine.llama.sampling import Sampler, TokenSampling
-from edge_llm.engine.scheduler import KvCopy, KvOp, KvRemove, StepPlan
+from edge_llm.engine.kv_ops import KvCopy, KvCopyRange, KvOp, KvRemove, KvShift, KvTrim
+from edge_llm.engine.scheduler import StepPlan
 from edge_llm.engine.types import (
     FimTokens,
     ModelInfo,
@@ -155,6 +156,7 @@ class LlamaRunner:
             bos_token=bos if add_bos and bos >= 0 else None,
             metadata=self._metadata(),
             fim=self._fim_tokens(),
+            can_move_cells=bool(llama_cpp.llama_memory_can_shift(self._memory)),
             embedding_dimensions=0 if llama_cpp.llama_model_has_encoder(self._model)
             else llama_cpp.llama_model_n_embd_out(self._model),
             embedding_max_tokens=min(EMBEDDING_MAX_TOKENS, self.config.n_ctx,
@@ -248,6 +250,12 @@ class LlamaRunner:
                 llama_cpp.llama_memory_seq_rm(self._memory, op.seq_id, -1, -1)
             elif isinstance(op, KvCopy):
                 llama_cpp.llama_memory_seq_cp(self._memory, op.src_seq, op.dst_seq, 0, op.length)
+            elif isinstance(op, KvCopyRange):
+                llama_cpp.llama_memory_seq_cp(self._memory, op.src_seq, op.dst_seq, op.start, op.end)
+            elif isinstance(op, KvTrim):
+                llama_cpp.llama_memory_seq_rm(self._memory, op.seq_id, op.start, op.end)
+            elif isinstance(op, KvShift):
+                llama_cpp.llama_memory_seq_add(self._memory, op.seq_id, op.start, op.end, op.delta)
 
     def clear_kv(self) -> None:
         llama_cpp.llama_memory_clear(self._memory, True)
