@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from edge_llm.engine.kv_ops import KvCopyRange, KvShift, KvTrim
+from edge_llm.engine.step_plan import KvCopyRange, KvShift, KvTrim
 from edge_llm.engine.scheduler import KvCopy, KvOp, KvRemove, Phase, Scheduler, Sequence, StepPlan
 
 
@@ -119,11 +119,11 @@ class Driver:
             self._sample(sequence, finish_at_max)
         return plan
 
-    def step_with_ends(self, end_mask: int) -> list[Sequence]:
+    def step_with_ends(self, end_mask: int, *, out_of_cells: bool = False) -> list[Sequence]:
         """One engine iteration where the i-th sample (mod 8) is an end token when bit i of `end_mask` is set
         (a sequence then finishes without on_sampled); the others finish at max_tokens. Returns who finished.
         A step with running sequences always computes something."""
-        plan = self._decode_next()
+        plan = self._decode_next(out_of_cells=out_of_cells)
         if plan.empty and self.s.running:
             raise AssertionError("a step with running sequences made no progress")
         ended: list[Sequence] = []
@@ -136,11 +136,14 @@ class Driver:
             ended.append(sequence)
         return ended
 
-    def _decode_next(self) -> StepPlan:
+    def _decode_next(self, *, out_of_cells: bool = False) -> StepPlan:
         plan = self.s.step()
         self.plans.append(plan)
         self.check_plan(plan)
         self.kv.apply_ops(plan.kv_ops)
+        if out_of_cells and not plan.empty:  # the engine's retry when llama_decode finds no cells (worker._decode)
+            self.s.clear_cache()
+            self.kv.apply_ops(self.s.take_pending_ops())
         if not plan.empty:
             self.kv.decode(plan, self.s.batch_size)
         assert len(plan.tokens) <= self.s.batch_size
@@ -205,7 +208,7 @@ class Driver:
     def future_kv(self) -> KvModel:
         future = KvModel(self.kv.n_seq_max)
         future.cells = {seq_id: dict(cells) for seq_id, cells in self.kv.cells.items()}
-        future.apply_ops(list(self.s._pending_ops))
+        future.apply_ops(list(self.s._after_decode_ops) + list(self.s._pending_ops))
         return future
 
     def check_sample_point(self, sequence: Sequence) -> None:
@@ -265,7 +268,7 @@ class Driver:
             assert q.kv_tokens[: min(q.n_past, len(q.feed))] == q.feed[: q.n_past]
             assert q.feed == q.prompt + q.output[: len(q.feed) - len(q.prompt)]
         # the KV model holds cells only for sequences that exist (after pending removals)
-        pending_removed = {op.seq_id for op in s._pending_ops if isinstance(op, KvRemove)}
+        pending_removed = {op.seq_id for op in s._after_decode_ops + s._pending_ops if isinstance(op, KvRemove)}
         for seq_id, cells in self.kv.seqs.items():
             if cells and seq_id not in pending_removed:
                 assert seq_id in used, f"seq {seq_id} holds cells but belongs to nobody"

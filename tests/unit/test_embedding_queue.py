@@ -99,7 +99,7 @@ def test_jobs_run_in_order_and_a_cancelled_one_is_dropped() -> None:
     assert isinstance(events[0][0], Embedded) and events[1] == [] and isinstance(events[2][0], Embedded)
 
 
-@pytest.mark.parametrize(("error", "code"), [(EmbeddingUnavailableError("no memory"), "invalid_request"),
+@pytest.mark.parametrize(("error", "code"), [(EmbeddingUnavailableError("no memory"), "embeddings_unavailable"),
                                              (RuntimeError("llama_decode failed"), "engine_error")])
 def test_a_failing_job_fails_alone_and_the_next_one_runs(error: Exception, code: str) -> None:
     loop = asyncio.new_event_loop()

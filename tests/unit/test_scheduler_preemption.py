@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from edge_llm.engine.kv_ledger import KvLedger
-from edge_llm.engine.kv_ops import KvCopyRange, KvShift, KvTrim
+from edge_llm.engine.step_plan import KvCopyRange, KvShift, KvTrim
 from edge_llm.engine.scheduler import MAX_PREEMPTIONS, KvRemove, Phase, RequestTooLargeError, Scheduler, Sequence
 
 from .scheduler_model import Driver
@@ -167,15 +167,17 @@ def test_a_keystroke_moves_the_unchanged_rest_of_the_file_and_computes_only_the_
     assert set(d.s.cache) == {first.seq_id}
     edited = FILE_HEAD + [7, 8, 50, 51, 52] + FILE_TAIL + [9]  # three tokens typed after position 42
     after = d.s.add("after", edited, 3, reuse_min=16)
-    plan = d.step(finish_at_max=False)
+    d.step_with_ends(0, out_of_cells=True)  # even when the engine retries this batch after clearing the cache
+    plan = d.plans[-1]
     assert after.seq_id == first.seq_id and not d.s.cache  # it took the entry over
     holder = plan.kv_ops[0].dst_seq  # a spare sequence holds the chunk while the typed tokens are computed
     assert plan.kv_ops == [KvCopyRange(first.seq_id, holder, 42, 42 + 60), KvTrim(first.seq_id, 42)]
     assert after.cached_tokens == 42 + 60
     assert plan.prefilled_tokens == 3  # only the typed tokens; the last prompt token is decoded next
     assert after.moved is None and after.n_past == len(edited) - 1  # reached: the chunk moves after them
-    assert d.s._pending_ops == [KvShift(holder, 42, 42 + 60, 3), KvCopyRange(holder, first.seq_id, 45, 45 + 60),
-                                KvRemove(holder)]
+    # after this step's decode (a retry of this batch must not see the chunk yet: llama.cpp appends positions)
+    assert d.s._after_decode_ops == [KvShift(holder, 42, 42 + 60, 3), KvCopyRange(holder, first.seq_id, 45, 45 + 60),
+                                     KvRemove(holder)]
     d.check_coherent()
     d.check_invariants()
     while not d.s.idle():
@@ -183,6 +185,22 @@ def test_a_keystroke_moves_the_unchanged_rest_of_the_file_and_computes_only_the_
         d.check_invariants()
     assert d.output["after"] == [1000, 1001, 1002]
     assert d.s.cache and list(next(iter(d.s.cache.values())).tokens) == edited + [1000, 1001]
+
+
+def test_admission_counts_a_taken_over_entry_as_its_prefix_and_chunk() -> None:
+    """In a context the whole entry and the new prompt would overflow, the take-over still fits: the entry's cells
+    after the edit, but for the chunk, are freed by it (counting them would evict the entry and recompute all)."""
+    d = make(n_ctx=200, batch_size=64, parallel=2, cache_slots=2)
+    first = d.s.add("before", FILE_HEAD + [7, 8] + FILE_TAIL[:50] + FILE_TAIL + [9], 3, reuse_min=16)
+    d.run()
+    assert d.s.kv_cells_used == 155  # 153 prompt tokens and 2 decoded answer tokens
+    edited = FILE_HEAD + [7, 8, 50, 51, 52] + FILE_TAIL[:50] + FILE_TAIL + [9]
+    after = d.s.add("after", edited, 3, reuse_min=16)
+    plan = d.step(finish_at_max=False)
+    assert plan.admitted == [after] and after.seq_id == first.seq_id
+    assert after.cached_tokens == len(edited) - 4 and d.s.evictions["kv_cells"] == 0
+    d.check_invariants()
+    d.run()
 
 
 def test_no_chunk_is_moved_without_reuse_or_when_its_cells_are_shared() -> None:
@@ -257,10 +275,10 @@ class SchedulerMachine(RuleBasedStateMachine):
                 return
         self.added.append(self.s.add(f"r{len(self.added)}", prompt, max_tokens, reuse_min=reuse_min))
 
-    @rule(steps=st.integers(1, 8), end_mask=st.integers(0, 255))
-    def step(self, steps: int, end_mask: int) -> None:
-        for _ in range(steps):
-            self._engine_step(end_mask)
+    @rule(steps=st.integers(1, 8), end_mask=st.integers(0, 255), out_of_cells=st.integers(0, 255))
+    def step(self, steps: int, end_mask: int, out_of_cells: int) -> None:
+        for step in range(steps):  # bit i of out_of_cells: the i-th step's decode finds no cells and is retried
+            self.ended += self.d.step_with_ends(end_mask, out_of_cells=bool(out_of_cells >> step & 1))
 
     @precondition(lambda self: self.s.waiting or self.s.running)
     @rule(index=st.integers(0, 50), keep=st.booleans())

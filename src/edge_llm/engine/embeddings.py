@@ -64,31 +64,33 @@ class EmbeddingQueue:
         while self._jobs:
             outbox.add(self._jobs.popleft().channel, Failed(message, code=code))
 
-    def step(self, hidden_states: HiddenStates, outbox: Outbox) -> None:
-        """Runs one chunk of the oldest job; a finished job's answer goes to the outbox."""
+    def step(self, hidden_states: HiddenStates, outbox: Outbox) -> str | None:
+        """Runs one chunk of the oldest job; a finished job's answer goes to the outbox and its id is returned."""
         job = self._jobs[0]
         tokens = job.current[job.position:job.position + self._chunk]
         try:
             states = hidden_states(tokens, job.position)
         except EmbeddingUnavailableError as exc:
             self._jobs.popleft()
-            outbox.add(job.channel, Failed(f"This model cannot compute embeddings: {exc}", code="invalid_request"))
-            return
+            outbox.add(job.channel, Failed(f"Embeddings are unavailable: {exc}", code="embeddings_unavailable"))
+            return job.request.request_id
         except Exception as exc:  # noqa: BLE001 - one request's failure must not take the engine down
             self._jobs.popleft()
             logger.exception("embedding failed", extra={"request_id": job.request.request_id})
             outbox.add(job.channel, Failed(f"Computing the embedding failed: {exc}", code="engine_error"))
-            return
+            return job.request.request_id
         job.pooled = _pool(job.request.pooling, job.pooled, states, first_chunk=job.position == 0)
         job.position += len(tokens)
         if job.position < len(job.current):
-            return
+            return None
         job.vectors.append(_normalised(job.request.pooling, job.pooled, job.position))
         job.position, job.pooled = 0, None
-        if len(job.vectors) == len(job.request.inputs):
-            self._jobs.popleft()
-            tokens_in = sum(len(tokens) for tokens in job.request.inputs)
-            outbox.add(job.channel, Embedded(tuple(job.vectors), tokens_in))
+        if len(job.vectors) < len(job.request.inputs):
+            return None
+        self._jobs.popleft()
+        tokens_in = sum(len(tokens) for tokens in job.request.inputs)
+        outbox.add(job.channel, Embedded(tuple(job.vectors), tokens_in))
+        return job.request.request_id
 
 
 def _pool(pooling: Pooling, pooled: np.ndarray | None, states: np.ndarray, *, first_chunk: bool) -> np.ndarray:

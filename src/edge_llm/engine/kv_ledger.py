@@ -93,11 +93,13 @@ class KvLedger:
                 return False
         return True
 
-    def used_without(self, seq_ids: set[int]) -> int:
-        """The cells in use if the holders `seq_ids` dropped theirs."""
-        return self._count(exclude=seq_ids)
+    def used_without(self, seq_ids: set[int], truncated: dict[int, int] | None = None) -> int:
+        """The cells in use if the holders `seq_ids` dropped theirs (and each holder in `truncated` kept only the
+        positions below its length there)."""
+        return self._count(exclude=seq_ids, truncated=truncated or {})
 
-    def _count(self, exclude: set[int] | frozenset[int] = frozenset()) -> int:
+    def _count(self, exclude: set[int] | frozenset[int] = frozenset(), truncated: dict[int, int] | None = None) -> int:
+        limits = truncated or {}
         seen: set[int] = set()
         total = 0
         for seq_id, blocks in self._holdings.items():
@@ -107,8 +109,9 @@ class KvLedger:
                 if id(block) in seen:
                     continue
                 seen.add(id(block))
-                ends = [end for holder, end in block.ends.items() if holder not in exclude]
-                total += max(ends) - block.start
+                ends = [min(end, limits.get(holder, end)) for holder, end in block.ends.items()
+                        if holder not in exclude]
+                total += max(0, max(ends, default=block.start) - block.start)
         return total
 
     def _recount(self) -> None:

@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from edge_llm.engine.kv_ops import KvOp
+from edge_llm.engine.step_plan import KvOp
 from edge_llm.engine.scheduler import StepPlan
 from edge_llm.engine.types import SamplingParams, TokenLogprob
 

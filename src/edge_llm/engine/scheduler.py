@@ -18,10 +18,9 @@ preempted again, so none starves.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
 
 from edge_llm.engine.kv_ledger import KvLedger
-from edge_llm.engine.kv_ops import KvCopy, KvCopyRange, KvOp, KvRemove, KvShift, KvTrim
+from edge_llm.engine.step_plan import KvCopy, KvCopyRange, KvOp, KvRemove, KvShift, KvTrim, StepPlan
 from edge_llm.engine.sequence import CacheEntry, MovedChunk, Phase, Sequence
 from edge_llm.engine.token_match import common_prefix_length, moved_chunk
 
@@ -30,30 +29,6 @@ MAX_PREEMPTIONS = 3
 # resumed on the first free cells, it would be the newest again and the next victim within a step or two.
 RESUME_STEPS = 16
 EVICTION_REASONS = ("cache_slots", "kv_cells", "covered", "cleared")
-
-@dataclass
-class StepPlan:
-    kv_ops: list[KvOp] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    seq_ids: list[int] = field(default_factory=list)
-    logits: list[bool] = field(default_factory=list)
-    samples: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, batch index)
-    admitted: list[Sequence] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
-    prefilled_tokens: int = 0
-
-    @property
-    def empty(self) -> bool:
-        return not self.tokens
-
-    def add(self, token: int, position: int, seq_id: int, want_logits: bool) -> int:
-        self.tokens.append(token)
-        self.positions.append(position)
-        self.seq_ids.append(seq_id)
-        self.logits.append(want_logits)
-        return len(self.tokens) - 1
-
 
 MIN_SHARED_PREFIX = 8  # shorter common prefixes with running sequences are not worth waiting for
 
@@ -81,6 +56,9 @@ class Scheduler:
         self.evictions: dict[str, int] = dict.fromkeys(EVICTION_REASONS, 0)
         self._free_seq_ids: list[int] = list(range(parallel + cache_slots))
         self._pending_ops: list[KvOp] = []
+        # Ops that must wait until this step's batch is decoded (a moved chunk joins its sequence after the tokens
+        # before it): they go first in the next step's.
+        self._after_decode_ops: list[KvOp] = []
 
     # ---- accounting -------------------------------------------------------------------
 
@@ -160,7 +138,8 @@ class Scheduler:
             if sequence.leader is not None and sequence.leader.n_past >= sequence.shared:
                 self._copy_from_leader(sequence)
         plan.preempted = self._make_room_for_step()
-        plan.kv_ops, self._pending_ops = self._pending_ops, []
+        plan.kv_ops, self._pending_ops = self._after_decode_ops + self._pending_ops, []
+        self._after_decode_ops = []
         for sequence in self.running:
             # The last prompt token is decoded on its own, like a generated one, never inside a prefill
             # chunk, whether the rest of the prompt was computed now or taken from the prefix cache. That
@@ -195,7 +174,7 @@ class Scheduler:
             sequence.kv_tokens.extend(chunk)
             sequence.n_past += len(chunk)
             self.ledger.grow(sequence.seq_id, len(chunk))
-            self._reach_moved_chunk(sequence)
+            self._reach_moved_chunk(sequence, self._after_decode_ops)
             plan.prefilled_tokens += len(chunk)
             room -= len(chunk)
         return plan
@@ -259,10 +238,11 @@ class Scheduler:
         while self.waiting and len(self.running) < self.parallel:
             head = self.waiting[0]
             match = self._best_prefix(head.feed) if head.use_cache else None
-            if not self._make_room(head, match):
-                if match is None or not self._make_room(head, None):
+            moved = self._movable_chunk(head, match)
+            if not self._make_room(head, match, moved):
+                if match is None or not self._make_room(head, None, None):
                     break  # FIFO: the head waits for running sequences to finish; nothing overtakes it
-                match = self._best_prefix(head.feed) if head.use_cache else None
+                match, moved = self._best_prefix(head.feed) if head.use_cache else None, None
             self.waiting.popleft()
             head.phase = Phase.PREFILL
             lead = self._best_running_prefix(head)
@@ -271,8 +251,8 @@ class Scheduler:
                 head.leader, head.shared = lead
                 if head.leader.n_past >= head.shared:
                     self._copy_from_leader(head)
-            elif match is not None and self._take_over_with_moved_chunk(head, *match):
-                pass
+            elif match is not None and moved is not None:
+                self._take_over_with_moved_chunk(head, *match, moved)
             else:
                 head.seq_id = self._free_seq_ids.pop(0)
                 if match is not None:
@@ -299,16 +279,23 @@ class Scheduler:
         return sum(len(s.feed) - max(s.n_past, s.shared) - (s.moved.length if s.moved else 0) for s in self.running
                    if s.phase is Phase.PREFILL and not self.pinned(s))  # (a pinned one's is in its growth)
 
-    def _make_room(self, head: Sequence, protect: tuple[CacheEntry, int] | None) -> bool:
-        """Evicts least-recently-used cache entries until `head` fits and a sequence id is free."""
+    def _make_room(self, head: Sequence, protect: tuple[CacheEntry, int] | None,
+                   moved: tuple[int, int, int] | None) -> bool:
+        """Evicts least-recently-used cache entries until `head` fits and a sequence id is free. When `head` will
+        take the protected entry over with a moved chunk, the entry counts as its prefix and the chunk."""
         protected = protect[0].seq_id if protect else None
         lead = self._best_running_prefix(head)
         shared = max(protect[1] if protect else 0, lead[1] if lead else 0)
-        needed = self._admission_cells(head, shared)
+        truncated: dict[int, int] = {}
+        chunk = 0
+        if protect is not None and moved is not None:
+            chunk = moved[2]
+            shared, truncated = protect[1] + chunk, {protect[0].seq_id: protect[1]}
+        needed = self._admission_cells(head, shared) + chunk
         evictable = {seq_id for seq_id in self.cache if seq_id != protected}
-        if self.ledger.used_without(evictable) + needed > self.n_ctx:
+        if self.ledger.used_without(evictable, truncated) + needed > self.n_ctx:
             return False  # only running sequences finishing can make room: evicting the cache would not help
-        while self.ledger.used + needed > self.n_ctx or not self._free_seq_ids:
+        while self.ledger.used_without(set(), truncated) + needed > self.n_ctx or not self._free_seq_ids:
             victim = next((seq_id for seq_id in self.cache if seq_id != protected), None)
             if victim is None:
                 return False
@@ -335,16 +322,25 @@ class Scheduler:
                 best = (sequence, length)
         return best
 
-    def _take_over_with_moved_chunk(self, head: Sequence, entry: CacheEntry, length: int) -> bool:
-        """--cache-reuse: when the rest of `head`'s feed holds a long enough chunk of the entry's tokens after their
-        common prefix (a keystroke's edit, then the unchanged rest of the file), `head` takes the entry's sequence
-        over: it keeps the prefix, a spare sequence holds the chunk while the edit is computed, and then the chunk
-        is moved to its new positions. False (nothing changed) when there is no chunk, or its cells are shared."""
-        if head.reuse_min <= 0 or head.preemptions:
-            return False
+    def _movable_chunk(self, head: Sequence, match: tuple[CacheEntry, int] | None) -> tuple[int, int, int] | None:
+        """--cache-reuse: (old start, new start, length) of a chunk of the matched entry's tokens after their common
+        prefix that reappears in the rest of `head`'s feed (a keystroke's edit, then the unchanged rest of the
+        file), when it is long enough and its cells are the entry's alone; None otherwise."""
+        if match is None or head.reuse_min <= 0 or head.preemptions:
+            return None
+        entry, length = match
+        lead = self._best_running_prefix(head)
+        if lead is not None and lead[1] > length:
+            return None  # a running sequence shares more: head follows it instead
         found = moved_chunk(entry.tokens, head.feed, length, len(head.feed) - 1, head.reuse_min)
         if found is None or not self.ledger.sole_holder_from(entry.seq_id, found[0]):
-            return False
+            return None
+        return found
+
+    def _take_over_with_moved_chunk(self, head: Sequence, entry: CacheEntry, length: int,
+                                    found: tuple[int, int, int]) -> None:
+        """`head` takes the entry's sequence over: it keeps the prefix, a spare sequence holds the chunk while the
+        edit before it is computed, and then the chunk is moved to its new positions (_reach_moved_chunk)."""
         old_start, start, chunk = found
         del self.cache[entry.seq_id]
         head.seq_id = entry.seq_id
@@ -357,20 +353,21 @@ class Scheduler:
         head.n_past = length
         head.cached_tokens = length + chunk
         head.moved = MovedChunk(holder, old_start, start, chunk)
-        self._reach_moved_chunk(head)
-        return True
+        self._reach_moved_chunk(head, self._pending_ops)
 
-    def _reach_moved_chunk(self, sequence: Sequence) -> None:
-        """Once the prefill reaches a moved chunk's new start, the chunk moves there and counts as computed."""
+    def _reach_moved_chunk(self, sequence: Sequence, ops: list[KvOp]) -> None:
+        """Once the prefill reaches a moved chunk's new start, the chunk moves there (`ops`: before the next decode,
+        or after this step's when the step's batch holds the tokens before it) and counts as computed."""
         moved = sequence.moved
         if moved is None or sequence.n_past != moved.start:
             return
         end = moved.start + moved.length
         if moved.start != moved.old_start:
-            self._pending_ops.append(KvShift(moved.holder, moved.old_start, moved.old_start + moved.length,
-                                             moved.start - moved.old_start))
-        self._pending_ops.append(KvCopyRange(moved.holder, sequence.seq_id, moved.start, end))
-        self._release_seq_id(moved.holder)
+            ops.append(KvShift(moved.holder, moved.old_start, moved.old_start + moved.length,
+                               moved.start - moved.old_start))
+        ops.append(KvCopyRange(moved.holder, sequence.seq_id, moved.start, end))
+        ops.append(KvRemove(moved.holder))
+        self._release_seq_id(moved.holder, queue_removal=False)
         self.ledger.grow(sequence.seq_id, moved.length)
         sequence.kv_tokens.extend(sequence.feed[moved.start:end])
         sequence.n_past = end
@@ -421,15 +418,17 @@ class Scheduler:
         self.evictions[reason] += 1
         self._release_seq_id(seq_id)
 
-    def _release_seq_id(self, seq_id: int) -> None:
+    def _release_seq_id(self, seq_id: int, *, queue_removal: bool = True) -> None:
         if seq_id < 0:
             return
-        self._pending_ops.append(KvRemove(seq_id))
+        if queue_removal:
+            self._pending_ops.append(KvRemove(seq_id))
         self.ledger.drop(seq_id)
         self._free_seq_ids.append(seq_id)
 
     def take_pending_ops(self) -> list[KvOp]:
-        """KV removals due now (the engine applies them even when no step follows)."""
+        """The ops queued since this step's were handed out, except those that must follow its decode: what
+        `clear_cache` queued, for the engine's retry of a batch that found no KV cells."""
         ops, self._pending_ops = self._pending_ops, []
         return ops
 

@@ -148,6 +148,9 @@ class Engine:
         with self._lock:
             if self._closed or not self.ready:
                 raise EngineUnavailableError("the engine is not running")
+            if len(self._waiting_ids) >= self.queue_capacity:
+                raise QueueFullError(f"the request queue is full ({self.queue_capacity} waiting)")
+            self._waiting_ids.add(request.request_id)  # until it is answered: embedding jobs wait in the queue
             self._inbox.put(("embed", (request, channel)))
 
     def abort(self, request_id: str) -> None:
@@ -251,8 +254,12 @@ class Engine:
                     active = self._active.get(sequence.request_id)
                     if active is not None:
                         self._sample(active, batch_index)
-            if self._embeddings.pending:  # one small chunk between decode steps
-                self._embeddings.step(self.runner.hidden_states, self._outbox)
+            if self._embeddings.pending:  # one small chunk between decode steps, after this step's tokens are sent
+                self._outbox.flush()
+                answered = self._embeddings.step(self.runner.hidden_states, self._outbox)
+                if answered is not None:
+                    with self._lock:
+                        self._waiting_ids.discard(answered)
 
     def _sample(self, active: ActiveRequest, batch_index: int) -> None:
         try:
@@ -312,10 +319,10 @@ class Engine:
         self._active[request.request_id] = active
 
     def _cancel(self, request_id: str) -> None:
-        if self._embeddings.cancel(request_id):
-            return
         with self._lock:
             self._waiting_ids.discard(request_id)
+        if self._embeddings.cancel(request_id):
+            return
         active = self._active.get(request_id)
         if active is not None:
             logger.debug("request cancelled in phase %s", phase_name(active.sequence),

@@ -172,6 +172,16 @@ class Serving:
         except EngineUnavailableError as exc:
             raise engine_unavailable(exc) from None
 
+    def check_token_ids(self, tokens: list[int], param: str) -> None:
+        """A 400 naming `param` for the first token id outside the vocabulary."""
+        try:
+            for token in tokens:
+                if not self.engine.is_valid_token(token):
+                    raise invalid_request(f"Token id {token} is outside the vocabulary "
+                                          f"(0..{self.engine.n_vocab - 1})", param=param)
+        except EngineUnavailableError as exc:
+            raise engine_unavailable(exc) from None
+
     def plain_tokens(self, text: str) -> list[int]:
         """Text as plain text: control-token spellings in it stay text (runs in the tokenizer thread)."""
         return self.engine.tokenize(text, add_special=False, parse_special=False)

@@ -15,14 +15,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from edge_llm.api.errors import from_engine_error, invalid_request
-from edge_llm.api.protocol_embeddings import (
-    MAX_INPUTS,
-    MAX_REQUEST_TOKENS,
-    Embedding,
-    EmbeddingsRequest,
-    EmbeddingsResponse,
-    EmbeddingsUsage,
-)
+from edge_llm.api.protocol_embeddings import MAX_INPUTS, MAX_REQUEST_TOKENS, EmbeddingsRequest
 from edge_llm.api.serving.base import Serving, engine_unavailable, failure_error
 from edge_llm.engine.types import (
     Embedded,
@@ -64,11 +57,13 @@ class EmbeddingServing(Serving):
         event = await self.while_connected(request, request_id, answer())
         if isinstance(event, Failed):
             raise failure_error(event)
-        data = [Embedding(index=i, embedding=_encoded(vector, body.encoding_format))
+        # Plain dicts, not the pydantic models: 2,048 vectors of ~900 floats validated one by one would hold up the
+        # event loop (protocol_embeddings documents the shape).
+        data = [{"object": "embedding", "index": i, "embedding": _encoded(vector, body.encoding_format)}
                 for i, vector in enumerate(event.vectors)]
-        usage = EmbeddingsUsage(prompt_tokens=event.prompt_tokens, total_tokens=event.prompt_tokens)
-        response = EmbeddingsResponse(data=data, model=self.model_id, usage=usage)
-        return JSONResponse(response.model_dump(), headers={"x-request-id": request_id})
+        usage = {"prompt_tokens": event.prompt_tokens, "total_tokens": event.prompt_tokens}
+        return JSONResponse({"object": "list", "data": data, "model": self.model_id, "usage": usage},
+                            headers={"x-request-id": request_id})
 
     def pooling(self, info: ModelInfo) -> Pooling:
         if self.settings.pooling != "auto":
@@ -81,8 +76,9 @@ class EmbeddingServing(Serving):
         if info is None:
             raise engine_unavailable(EngineUnavailableError("The model is not loaded yet"))
         if not info.embedding_dimensions:
-            raise invalid_request(f"The model '{self.model_id}' cannot compute embeddings (it is an "
-                                  "encoder-decoder model)", param="model", code="embeddings_not_supported")
+            raise invalid_request(f"The model '{self.model_id}' cannot compute embeddings here: it is an "
+                                  "encoder-decoder model, or an embedding model whose attention looks ahead, which "
+                                  "needs its whole input in one batch", param="model", code="embeddings_not_supported")
         return info
 
     async def _token_inputs(self, given: str | list[str] | list[int] | list[list[int]],
@@ -110,7 +106,7 @@ class EmbeddingServing(Serving):
             if len(tokens) > limit:
                 raise invalid_request(f"This server embeds inputs of at most {limit} tokens; the input has "
                                       f"{len(tokens)}", param=param, code="context_length_exceeded")
-            self._check_token_ids(tokens, param)
+            self.check_token_ids(tokens, param)
             total += len(tokens)
         if total > MAX_REQUEST_TOKENS:
             raise invalid_request(f"The inputs have {total} tokens together; at most {MAX_REQUEST_TOKENS} are "
@@ -121,18 +117,9 @@ class EmbeddingServing(Serving):
         """Texts as the model reads them (its BOS when it adds one); control-token spellings stay text."""
         return [self.engine.tokenize(text, add_special=True, parse_special=False) if text else [] for text in texts]
 
-    def _check_token_ids(self, tokens: list[int], param: str) -> None:
-        try:
-            for token in tokens:
-                if not self.engine.is_valid_token(token):
-                    raise invalid_request(f"Token id {token} is outside the vocabulary "
-                                          f"(0..{self.engine.n_vocab - 1})", param=param)
-        except EngineUnavailableError as exc:
-            raise engine_unavailable(exc) from None
-
 
 def _encoded(vector: np.ndarray, encoding_format: str) -> list[float] | str:
     if encoding_format == "base64":
         return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
-    return [float(x) for x in vector]
+    return vector.tolist()
 

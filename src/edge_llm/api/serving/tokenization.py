@@ -8,10 +8,8 @@ import logging
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from edge_llm.api.errors import invalid_request
 from edge_llm.api.protocol import DetokenizeRequest, TokenizeRequest
-from edge_llm.api.serving.base import Serving, engine_unavailable
-from edge_llm.engine.types import EngineUnavailableError
+from edge_llm.api.serving.base import Serving
 
 logger = logging.getLogger(__name__)
 
@@ -26,13 +24,6 @@ class TokenizationServing(Serving):
 
     async def detokenize(self, request: Request) -> JSONResponse:
         body = await self.read(request, DetokenizeRequest)
-        try:
-            for position, token in enumerate(body.tokens):
-                if not self.engine.is_valid_token(token):
-                    raise invalid_request(
-                        f"Token id {token} is outside the vocabulary (0..{self.engine.n_vocab - 1})",
-                        param=f"tokens.{position}",
-                    )
-        except EngineUnavailableError as exc:
-            raise engine_unavailable(exc) from None
+        for position, token in enumerate(body.tokens):
+            self.check_token_ids([token], f"tokens.{position}")
         return JSONResponse({"content": await self.off_loop(self.engine.detokenize, body.tokens)})

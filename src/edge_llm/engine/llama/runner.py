@@ -20,7 +20,7 @@ from llama_cpp.llama_grammar import json_schema_to_gbnf
 from edge_llm.engine.grammar import CompiledGrammars, GrammarError, check_grammar_limits, check_schema_limits
 from edge_llm.engine.llama.embedding import EMBEDDING_MAX_TOKENS, EmbeddingContext
 from edge_llm.engine.llama.sampling import Sampler, TokenSampling
-from edge_llm.engine.kv_ops import KvCopy, KvCopyRange, KvOp, KvRemove, KvShift, KvTrim
+from edge_llm.engine.step_plan import KvCopy, KvCopyRange, KvOp, KvRemove, KvShift, KvTrim
 from edge_llm.engine.scheduler import StepPlan
 from edge_llm.engine.types import (
     FimTokens,
@@ -142,6 +142,7 @@ class LlamaRunner:
         bos = llama_cpp.llama_vocab_bos(self._vocab)
         eos = llama_cpp.llama_vocab_eos(self._vocab)
         add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+        metadata = self._metadata()
         return ModelInfo(
             path=self.model_path,
             description=buffer.value.decode("utf-8", errors="replace"),
@@ -154,14 +155,20 @@ class LlamaRunner:
             eos_text=self._special_text(eos),
             add_bos=add_bos,
             bos_token=bos if add_bos and bos >= 0 else None,
-            metadata=self._metadata(),
+            metadata=metadata,
             fim=self._fim_tokens(),
             can_move_cells=bool(llama_cpp.llama_memory_can_shift(self._memory)),
-            embedding_dimensions=0 if llama_cpp.llama_model_has_encoder(self._model)
-            else llama_cpp.llama_model_n_embd_out(self._model),
+            embedding_dimensions=llama_cpp.llama_model_n_embd_out(self._model) if self._embeds_in_chunks(metadata) else 0,
             embedding_max_tokens=min(EMBEDDING_MAX_TOKENS, self.config.n_ctx,
                                      max(1, llama_cpp.llama_model_n_ctx_train(self._model))),
         )
+
+    def _embeds_in_chunks(self, metadata: dict[str, str]) -> bool:
+        """Embeddings are computed a chunk at a time (embedding.py), which needs a causal decoder: an encoder-decoder
+        model, or one whose attention looks ahead (BERT-like embedding models), would need its whole input at once."""
+        architecture = metadata.get("general.architecture", "")
+        causal = metadata.get(f"{architecture}.attention.causal", "true").lower() != "false"
+        return causal and not llama_cpp.llama_model_has_encoder(self._model)
 
     def _fim_tokens(self) -> FimTokens | None:
         def token(read: Callable[[llama_cpp.llama_vocab_p], int]) -> int | None:

@@ -1,8 +1,10 @@
-"""What the scheduler asks of the KV cache before a step's batch is decoded (the runner applies them in order)."""
+"""What one scheduler step hands the engine: the KV ops to apply first (in order), then the batch to decode."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from edge_llm.engine.sequence import Sequence
 
 
 @dataclass(frozen=True)
@@ -52,3 +54,27 @@ class KvShift:
 
 
 KvOp = KvCopy | KvRemove | KvCopyRange | KvTrim | KvShift
+
+
+@dataclass
+class StepPlan:
+    kv_ops: list[KvOp] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    seq_ids: list[int] = field(default_factory=list)
+    logits: list[bool] = field(default_factory=list)
+    samples: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, batch index)
+    admitted: list[Sequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    prefilled_tokens: int = 0
+
+    @property
+    def empty(self) -> bool:
+        return not self.tokens
+
+    def add(self, token: int, position: int, seq_id: int, want_logits: bool) -> int:
+        self.tokens.append(token)
+        self.positions.append(position)
+        self.seq_ids.append(seq_id)
+        self.logits.append(want_logits)
+        return len(self.tokens) - 1
