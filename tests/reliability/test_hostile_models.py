@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from edge_llm.testing.server import MODEL, RunningServer, free_port, run_server
-from tests.reliability.gguf_rewrite import with_chat_template
+from tests.reliability.gguf_rewrite import rewritten, with_chat_template
 from tests.reliability.support import (
     CHAT,
     TIMEOUT,
@@ -196,3 +196,19 @@ def test_a_bad_model_file_stops_start_up_with_one_clear_line(tmp_path: Path, kin
     assert str(path) in clear, clear
     assert any(word in clear for word in ("not found", "not a file", "too small", "not a GGUF", "could not load",
                                           "corrupt", "truncated")), clear
+
+
+def test_a_model_that_attends_ahead_gets_a_clear_400_for_embeddings(tmp_path: Path) -> None:
+    """Embeddings are computed a chunk at a time, which needs causal attention: a model whose GGUF says its
+    attention looks ahead (BERT-like embedding models) is refused with a clear error, and the server stays up."""
+    model = rewritten(MODEL, tmp_path / "attends-ahead.gguf", flags={"attention.causal": False})
+    (tmp_path / "server").mkdir()
+    try:
+        with run_server(tmp_path / "server", "--max-tokens-cap", "2", "--model", str(model)) as server:
+            response = httpx.post(server.url + "/v1/embeddings", json={"input": "hello"}, timeout=TIMEOUT)
+            error = assert_error(response, 400, "embeddings_not_supported")
+            assert "attention looks ahead" in error["message"]
+            assert_serving(server)
+            assert_no_unhandled_errors(server)
+    finally:
+        model.unlink(missing_ok=True)  # 491 MB
