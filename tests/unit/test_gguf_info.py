@@ -48,7 +48,10 @@ def test_facts_from_the_header(tmp_path: Path) -> None:
     memory = facts.memory(1000, n_ubatch=10, n_seq=3)
     assert memory.kv_cache_bytes == 2 * 1000 * (2 * 8) * 2 * 2  # n_layer × n_ctx × (n_head_kv × head_dim) × 2 × 2
     assert memory.compute_bytes == 4 * 10 * (100 + 2 * 64) + 4 * 100 * 3
-    assert memory.total_bytes == memory.weights_bytes + memory.kv_cache_bytes + memory.compute_bytes
+    # the embeddings context: KV for min(4096, n_ctx) tokens, and one 32-token chunk's logits and hidden states
+    assert memory.embedding_bytes == 2 * 1000 * (2 * 8) * 2 * 2 + 4 * 32 * (2 * 100 + 3 * 64)
+    assert memory.total_bytes == (memory.weights_bytes + memory.kv_cache_bytes + memory.compute_bytes
+                                  + memory.embedding_bytes)
     assert any(line.startswith("chat template  yes") for line in describe(facts, 1000, n_seq=3))
 
 

@@ -58,7 +58,8 @@ def log_banner(settings: Settings) -> None:
         return
     trained = f" (trained on {facts.context_length:,})" if facts and facts.context_length else ""
     memory_line = (f"~{human_bytes(memory.total_bytes)} = weights {human_bytes(memory.weights_bytes)} + "
-                   f"KV cache {human_bytes(memory.kv_cache_bytes)} + compute ~{human_bytes(memory.compute_bytes)}"
+                   f"KV cache {human_bytes(memory.kv_cache_bytes)} + compute ~{human_bytes(memory.compute_bytes)} + "
+                   f"embeddings ~{human_bytes(memory.embedding_bytes)}"
                    if memory else "unknown (the model header could not be read)")
     lines = [
         f"serving {settings.model_name} on {url}; loading the model",

@@ -111,9 +111,10 @@ def check_memory(settings: Settings, facts: ModelFacts, available: int | None = 
     if available is None:
         return None
     budget = int(available * _HEADROOM)
-    buffers = memory.kv_cache_bytes + memory.compute_bytes  # allocated; the weights are mapped from the file
+    # allocated (the embedding context on first use); the weights are mapped from the file
+    buffers = memory.kv_cache_bytes + memory.compute_bytes + memory.embedding_bytes
     if buffers > budget:
-        hint = _context_that_fits(facts, budget - memory.compute_bytes - memory.weights_bytes)
+        hint = _context_that_fits(facts, budget - memory.compute_bytes - memory.embedding_bytes - memory.weights_bytes)
         what_to_do = f"Lower --ctx-size (about {hint:,} fits)" if hint else "Use a smaller model"
         return (f"not enough memory for a context of {settings.ctx_size:,} tokens: the KV cache and buffers need "
                 f"~{human_bytes(buffers)} plus {human_bytes(memory.weights_bytes)} of weights, and "

@@ -25,6 +25,7 @@ HiddenStates = Callable[[list[int], int], np.ndarray]  # (chunk tokens, start po
 # Tokens per step. With embeddings on, llama.cpp outputs every row of a batch, logits included: the embedding
 # context's output buffer holds EMBEDDING_BATCH × n_vocab floats (19 MB for a 152k vocabulary).
 EMBEDDING_BATCH = 32
+EMBEDDING_MAX_TOKENS = 4096  # per input (OpenAI's limit is 8,192; llama-server's is its batch, 512 by default)
 
 
 @dataclass(eq=False)

@@ -28,6 +28,8 @@ from typing import Any
 
 from gguf import GGML_QUANT_SIZES, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType, Keys, LlamaFileType
 
+from edge_llm.engine.embeddings import EMBEDDING_BATCH, EMBEDDING_MAX_TOKENS
+
 # `edge-llm serve`'s micro-batch: min(--batch-size, 512).
 DEFAULT_UBATCH = 512
 
@@ -68,10 +70,11 @@ class MemoryEstimate:
     weights_bytes: int
     kv_cache_bytes: int
     compute_bytes: int
+    embedding_bytes: int = 0  # the /v1/embeddings context, made on the first embeddings request
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_cache_bytes + self.compute_bytes
+        return self.weights_bytes + self.kv_cache_bytes + self.compute_bytes + self.embedding_bytes
 
 
 @dataclass(frozen=True)
@@ -113,8 +116,12 @@ class ModelFacts:
 
     def memory(self, n_ctx: int, *, n_seq: int, n_ubatch: int = DEFAULT_UBATCH) -> MemoryEstimate:
         vocab = self.vocab_size or 0
-        compute = 4 * n_ubatch * (vocab + 2 * (self.embedding_length or 0)) + 4 * vocab * n_seq
-        return MemoryEstimate(n_ctx, self.tensor_data_bytes, n_ctx * self.kv_bytes_per_token(), compute)
+        width = self.embedding_length or 0
+        compute = 4 * n_ubatch * (vocab + 2 * width) + 4 * vocab * n_seq
+        # engine/llama/embedding.py: its KV cells, and the logits and hidden states of one chunk, output and computed
+        embedding_ctx = min(EMBEDDING_MAX_TOKENS, n_ctx, self.context_length or n_ctx)
+        embedding = embedding_ctx * self.kv_bytes_per_token() + 4 * EMBEDDING_BATCH * (2 * vocab + 3 * width)
+        return MemoryEstimate(n_ctx, self.tensor_data_bytes, n_ctx * self.kv_bytes_per_token(), compute, embedding)
 
     def to_dict(self, n_ctx: int, *, n_seq: int) -> dict[str, Any]:
         memory = self.memory(n_ctx, n_seq=n_seq)
@@ -370,7 +377,7 @@ def describe(facts: ModelFacts, n_ctx: int, *, n_seq: int) -> Iterator[str]:
     yield f"file size      {human_bytes(facts.file_size)} ({facts.file_size:,} bytes)"
     yield (f"memory         ~{human_bytes(memory.total_bytes)} at a context of {n_ctx:,} tokens: "
            f"weights {human_bytes(memory.weights_bytes)} + KV cache {human_bytes(memory.kv_cache_bytes)} "
-           f"+ compute ~{human_bytes(memory.compute_bytes)}")
+           f"+ compute ~{human_bytes(memory.compute_bytes)} + embeddings ~{human_bytes(memory.embedding_bytes)}")
     if facts.context_length and n_ctx > facts.context_length:
         yield (f"note           {n_ctx:,} tokens is more than the {facts.context_length:,} the model was trained on; "
                "quality drops past that")

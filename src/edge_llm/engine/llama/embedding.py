@@ -15,12 +15,11 @@ import logging
 import llama_cpp
 import numpy as np
 
-from edge_llm.engine.embeddings import EMBEDDING_BATCH
+from edge_llm.engine.embeddings import EMBEDDING_BATCH, EMBEDDING_MAX_TOKENS
 from edge_llm.engine.types import EmbeddingUnavailableError
 
 logger = logging.getLogger(__name__)
 
-EMBEDDING_MAX_TOKENS = 4096  # per input (OpenAI's limit is 8,192; llama-server's is its batch, 512 by default)
 
 
 class EmbeddingContext:

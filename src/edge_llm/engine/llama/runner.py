@@ -18,7 +18,8 @@ import numpy as np
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from edge_llm.engine.grammar import CompiledGrammars, GrammarError, check_grammar_limits, check_schema_limits
-from edge_llm.engine.llama.embedding import EMBEDDING_MAX_TOKENS, EmbeddingContext
+from edge_llm.engine.embeddings import EMBEDDING_MAX_TOKENS
+from edge_llm.engine.llama.embedding import EmbeddingContext
 from edge_llm.engine.llama.sampling import Sampler, TokenSampling
 from edge_llm.engine.step_plan import KvCopy, KvCopyRange, KvOp, KvRemove, KvShift, KvTrim
 from edge_llm.engine.scheduler import StepPlan
