@@ -125,15 +125,20 @@ def test_preempted_answers_go_on_where_they_stopped(crowded_server: RunningServe
     preemptions = metric(after, "edge_llm_preemptions_total") - metric(before, "edge_llm_preemptions_total")
     preempted = [i for i, result in enumerate(crowded) if (result["timings"] or {}).get("preemptions")]
     assert preemptions >= len(preempted) >= 1, (preemptions, [r["timings"] for r in crowded])
-    whole = []
+    compared_past_preemption = []
     for index, (reference, result) in enumerate(zip(references, crowded)):
         assert result["usage"]["completion_tokens"] == len(result["logprobs"]), "one usage, every token once"
         shared = agreeing_tokens(reference["logprobs"], result["logprobs"])
         if shared == len(reference["logprobs"]) == len(result["logprobs"]):
             assert (result["text"], result["finish_reason"]) == (reference["text"], reference["finish_reason"])
-            whole.append(index)
         if index in preempted:
             timings = result["timings"]
             assert 0 <= timings["recompute_ms"] <= timings["decode_ms"], timings
-    assert set(whole) & set(preempted), ("no preempted answer was compared to its end", whole, preempted)
+            assert 0 <= timings["preempted_after_tokens"] <= result["usage"]["completion_tokens"], timings
+            if shared > timings["preempted_after_tokens"]:
+                compared_past_preemption.append(index)
+    # A recomputed answer may part from the reference at a near-tie like any other; what matters is that tokens
+    # after a preemption were compared (and agreed: agreeing_tokens fails on a doubled or lost one).
+    assert compared_past_preemption, ("no preempted answer was compared past its preemption",
+                                      [(r["timings"], len(r["logprobs"])) for r in crowded])
     assert metric(after, "edge_llm_kv_cells_used") == 0  # no prefix cache: every cell is back

@@ -219,6 +219,8 @@ class Scheduler:
         self._release_followers(sequence)
         self._drop_moved_chunk(sequence)
         self._release_seq_id(sequence.seq_id)
+        if not sequence.preemptions:
+            sequence.generated_at_first_preemption = sequence.generated
         sequence.preemptions += 1
         self.preemptions += 1
         sequence.feed = sequence.prompt + sequence.output

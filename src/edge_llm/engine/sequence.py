@@ -35,6 +35,7 @@ class Sequence:
     # the output (the last token of `feed` is decoded on its own and gives the next sample).
     feed: list[int] = field(default_factory=list)
     preemptions: int = 0
+    generated_at_first_preemption: int = 0
     use_cache: bool = True  # False: shares no prefix with the cache or a leader, and leaves no cache entry
     kv_tokens: list[int] = field(default_factory=list)  # the tokens at positions 0..n_past-1
     # A follower shares its first `shared` prompt positions with a running `leader` still prefilling

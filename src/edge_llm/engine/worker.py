@@ -405,6 +405,7 @@ class Engine:
         if sequence.preemptions:
             timings["preemptions"] = sequence.preemptions
             timings["recompute_ms"] = round(active.recompute_s * 1000, 2)
+            timings["preempted_after_tokens"] = sequence.generated_at_first_preemption
         usage = Usage(len(sequence.prompt), sequence.generated, sequence.cached_tokens)
         if self.observer is not None:  # before Finished, so the HTTP side sees the record complete
             text = "".join(active.text_parts) if active.text_parts is not None else None
