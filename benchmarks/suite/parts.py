@@ -27,7 +27,7 @@ from .keystrokes_report import infill_markdown, keystroke_targets, summarize
 from .load import shared_prefix_text
 from .measure import wait_for_quiet
 from .plan import REPO, RESULTS, THREADS, Plan
-from .real_client import CLIENTS, PREFIX_RULES, QUESTIONS, run_real_client
+from .real_client import CLIENTS, PREFIX_RULES, QUESTIONS, SEED, TEMPERATURE, run_real_client
 from .run import git_commit
 from .structured import (
     ANSWER_TOKENS,
@@ -118,7 +118,8 @@ def prefix_tokens(url: str, text: str) -> int | None:
 
 def run_real_client_part(args: argparse.Namespace, plan: Plan, model: Path, binary: Path | None) -> dict[str, Any]:
     results: dict[str, Any] = {"meta": {**metadata(model, plan, binary), "clients": CLIENTS, "peer_parallel": CLIENTS,
-                                        "requests": CLIENTS if plan.quick else len(QUESTIONS)}}
+                                        "requests": CLIENTS if plan.quick else len(QUESTIONS),
+                                        "temperature": TEMPERATURE, "seed": SEED}}
     with servers(model, binary, CLIENTS) as running:
         results["meta"]["prefix_tokens"] = prefix_tokens(running[0].url, shared_prefix_text(PREFIX_RULES))
         results.update(run_real_client(running, plan))

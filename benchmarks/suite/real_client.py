@@ -2,7 +2,11 @@
 `max_tokens`, a shared ~1,000-token system prompt, distinct questions — from 8 clients at once. Reports the
 aggregate tok/s, TTFT p50/p95, the answers' lengths and how many sequences ran at once (the server's own gauge,
 polled from /metrics during the run: ours `edge_llm_running_sequences`, llama-server's
-`llamacpp:requests_processing`)."""
+`llamacpp:requests_processing`).
+
+Sampling is a chat client's (temperature 0.7, a fixed seed), not greedy: at temperature 0 this 0.5B model
+falls into repetition loops on several of the questions and, with no `max_tokens`, runs until the context is full
+(thousands of tokens per answer; a run did not finish in 17 minutes)."""
 
 from __future__ import annotations
 
@@ -26,6 +30,8 @@ from .structured import Server
 logger = logging.getLogger(__name__)
 
 CLIENTS = 8
+TEMPERATURE = 0.7
+SEED = 1234
 PREFIX_RULES = 26  # 1,003 tokens of system prompt with the default model
 POLL_S = 0.25
 RUNNING_METRICS = ("edge_llm_running_sequences", "llamacpp:requests_processing")
@@ -74,8 +80,9 @@ async def _poll_running(url: str, stop: asyncio.Event, samples: list[float]) -> 
 
 
 async def _run(server: Server, prefix: str, tag: str, quick: bool) -> dict[str, Any]:
-    config = bench.BenchConfig(base_url=server.url, max_tokens=None, temperature=0.0, model=server.model,
-                               system_prompt=prefix, timeout_s=900.0)
+    config = bench.BenchConfig(base_url=server.url, max_tokens=None, temperature=TEMPERATURE,
+                               model=server.model, system_prompt=prefix, timeout_s=900.0,
+                               extra_body={"seed": SEED})
     # Distinct from an earlier try's, after the shared prefix; --quick: one question a client.
     questions = [f"[{tag}] {q}" for q in QUESTIONS[:CLIENTS if quick else None]]
     stop, samples = asyncio.Event(), []

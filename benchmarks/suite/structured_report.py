@@ -51,7 +51,7 @@ def structured_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per client count and workload: ours and the peer's middle repeat and the paired ratios."""
     rows = []
     levels = sorted({c for workloads in results["runs"].values() for by in workloads.values() for c in by}, key=int)
-    workloads = next(iter(results["runs"].values())).keys()
+    workloads = next(iter(results["runs"].values()), {}).keys()  # a checkpoint before any run has none
     for clients in levels:
         for workload in workloads:
             mine, theirs = (_repeats(results, s, workload, clients) for s in (OURS, PEER))
@@ -171,7 +171,8 @@ def real_client_markdown(results: dict[str, Any]) -> str:
     if meta.get("peer_note"):
         lines += [f"**{meta['peer_note']}**", ""]
     lines += [f"{meta['requests']} distinct questions after a {meta['prefix_tokens']}-token system prompt, "
-              f"{meta['clients']} clients (closed loop), temperature 0, no `max_tokens`.", "",
+              f"{meta['clients']} clients (closed loop), temperature {meta.get('temperature', 0)}"
+              f"{' with seed ' + str(meta['seed']) if meta.get('seed') is not None else ''}, no `max_tokens`.", "",
               "| server | requests | errors | tokens/answer (mean) | aggregate tok/s | TTFT p50 ms | TTFT p95 ms "
               "| stream tok/s (median) | running at once (max) | running (mean while busy) | other CPU use |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
