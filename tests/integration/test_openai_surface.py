@@ -191,6 +191,8 @@ def test_json_schema_output_always_validates(client: openai.OpenAI, model_id: st
     assert len(documents) == 20
     for text in documents:
         jsonschema.validate(json.loads(text), PERSON)
+        # Every property is required, so each document has them all, in the schema's order (not sorted by name).
+        assert list(json.loads(text)) == list(PERSON["properties"])
 
 
 def test_json_object_mode(client: openai.OpenAI, model_id: str) -> None:

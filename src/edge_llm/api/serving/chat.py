@@ -122,10 +122,11 @@ class ChatServing(Serving):
         if response_format is None or response_format.type == "text":
             return None
         schema = {"type": "object"} if response_format.json_schema is None else response_format.json_schema.schema_
-        return self._schema_grammar(json.dumps(schema, sort_keys=True))
+        # Not sort_keys: the grammar writes an object's properties in the schema's order, as OpenAI does.
+        return self._schema_grammar(json.dumps(schema))
 
     def _compile_schema_grammar(self, schema_json: str) -> str:
-        """JSON schema → checked GBNF; cached (bounded) by the schema's canonical JSON."""
+        """JSON schema → checked GBNF; cached (bounded) by the schema's JSON text."""
         return self.checked_grammar(self.schema_to_gbnf(json.loads(schema_json)), param="response_format")
 
     # ---- the OpenAI chat answer -----------------------------------------------------------------
