@@ -215,6 +215,8 @@ class RequestContext:
         client = scope.get("client")
         if client:
             fields["client"] = client[0]
+        if record.model:
+            fields["model"] = record.model
         if record.prompt_tokens is not None:
             fields.update(prompt_tokens=record.prompt_tokens, completion_tokens=record.completion_tokens,
                           cached_tokens=record.cached_tokens)

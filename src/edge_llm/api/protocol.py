@@ -449,6 +449,8 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "edge-llm"
+    state: Literal["loaded", "loading", "unloaded", "unloading"] | None = None  # the model's engine
+    aliases: list[str] = Field(default_factory=list)  # other names a request may use for it
     meta: dict[str, Any] | None = None
 
 
