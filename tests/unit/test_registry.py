@@ -315,3 +315,45 @@ def test_memory_sizes() -> None:
     assert parse_bytes(1024) == 1024
     with pytest.raises(ValueError):
         parse_bytes("lots")
+
+
+# ---- what --models-dir serves ------------------------------------------------------------------------------
+
+
+def served(tmp_path: Path, *files: str, **settings: Any) -> list[ModelSpec]:
+    from edge_llm.config import Settings
+    from edge_llm.registry.specs import model_specs
+
+    for name in files:
+        (tmp_path / name).write_bytes(b"GGUF" + bytes(64))  # unreadable headers: estimated by their size
+    return model_specs(Settings(models_dir=tmp_path, **settings))
+
+
+def test_the_default_model_comes_first_and_catalogue_names_and_aliases_are_names(tmp_path: Path) -> None:
+    specs = served(tmp_path, "gemma-3-270m-q4_k_m.gguf", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "zzz.gguf",
+                   model_alias="coder", model_aliases={"tiny": "gemma-3-270m"}, pin=["zzz"])
+    assert [s.name for s in specs] == ["qwen2.5-coder-0.5b-instruct-q4_k_m", "gemma-3-270m-q4_k_m", "zzz"]
+    assert specs[0].aliases == ("coder",)
+    assert specs[1].aliases == ("gemma-3-270m", "tiny")
+    assert [s.pinned for s in specs] == [False, False, True]
+    assert specs[2].memory_bytes == 68  # the file's size when the header cannot be read
+
+
+def test_bad_aliases_and_pins_are_refused(tmp_path: Path) -> None:
+    from edge_llm.registry.specs import ModelSpecError
+
+    with pytest.raises(ModelSpecError, match="not a served model"):
+        served(tmp_path, "a.gguf", model_aliases={"x": "b"})
+    with pytest.raises(ModelSpecError, match="--pin names no served model: b"):
+        served(tmp_path, "a.gguf", pin=["b"])
+    with pytest.raises(ModelSpecError, match="no GGUF model files"):
+        served(tmp_path / "a.gguf.d")
+
+
+def test_edge_llm_models_dir_keeps_meaning_where_models_are_fetched(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path) -> None:
+    from edge_llm.config import Settings
+
+    monkeypatch.setenv("EDGE_LLM_MODELS_DIR", str(tmp_path))
+    assert Settings().models_dir is None
+    assert Settings().model == tmp_path / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"

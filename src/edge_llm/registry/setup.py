@@ -6,7 +6,7 @@ from __future__ import annotations
 from edge_llm.config import Settings
 from edge_llm.registry.keep_alive import parse_bytes, parse_keep_alive
 from edge_llm.registry.registry import EngineFactory, ModelRegistry
-from edge_llm.registry.specs import default_model_name, model_specs
+from edge_llm.registry.specs import model_specs
 
 ON_DEMAND_KEEP_ALIVE = 300.0  # Ollama's default: 5 minutes
 
@@ -22,6 +22,7 @@ def build_registry(settings: Settings, factory: EngineFactory, *, default_budget
         keep_alive = ON_DEMAND_KEEP_ALIVE if on_demand else None
     budget = parse_bytes(settings.memory_budget) if settings.memory_budget else (default_budget if on_demand else None)
     return ModelRegistry(
-        specs, factory, default_model=default_model_name(settings, specs), keep_alive=keep_alive, budget=budget,
+        specs, factory, default_model=specs[0].name,  # model_specs puts the default first
+        keep_alive=keep_alive, budget=budget,
         max_loaded=settings.max_loaded_models, wait_timeout=settings.load_wait_timeout, on_demand=on_demand,
     )

@@ -57,25 +57,28 @@ def default_model_name(settings: Settings, specs: list[ModelSpec]) -> str:
 
 
 def model_specs(settings: Settings) -> list[ModelSpec]:
+    """The served models, the default one (`default_model_name`) first: --model's aliases (--model-alias) go to it."""
     paths = served_paths(settings)
     if not paths:
         raise ModelSpecError(f"no GGUF model files (*.gguf) in {settings.models_dir}: fetch one with "
                              f"`edge-llm model fetch NAME --dir {settings.models_dir}` or copy one there")
-    pinned = set(settings.pin)
-    specs: list[ModelSpec] = []
-    taken: dict[str, str] = {}
-    for index, path in enumerate(paths):
+    specs = []
+    for path in paths:
         name = path.name.removesuffix(".gguf")
-        aliases = [a for a in (catalogue_name_of(path.name),) if a and a != name]
-        if index == 0 and settings.model_alias:
-            aliases.append(settings.model_alias)
-        spec = ModelSpec(name, path, tuple(aliases), *_estimate(settings, path))
+        aliases = tuple(a for a in (catalogue_name_of(path.name),) if a and a != name)
+        specs.append(ModelSpec(name, path, aliases, *_estimate(settings, path)))
+    default = default_model_name(settings, specs)
+    specs.sort(key=lambda spec: spec.name != default)  # stable: the others keep their order
+    if settings.model_alias and settings.model_alias not in specs[0].names:
+        specs[0] = _replace(specs[0], aliases=specs[0].aliases + (settings.model_alias,))
+    taken: dict[str, str] = {}
+    for spec in specs:
         for own in spec.names:
-            if taken.setdefault(own, name) != name:
-                raise ModelSpecError(f"two model files are called {own!r}: {taken[own]} and {name}; rename one")
-        specs.append(spec)
+            if taken.setdefault(own, spec.name) != spec.name:
+                raise ModelSpecError(f"two models are called {own!r}: {taken[own]} and {spec.name}; rename one")
     specs = _with_configured_aliases(settings, specs, taken)
-    unknown = pinned - {n for s in specs for n in s.names}
+    pinned = set(settings.pin)
+    unknown = pinned - set(taken)
     if unknown:
         raise ModelSpecError(f"--pin names no served model: {', '.join(sorted(unknown))}")
     return [_replace(s, pinned=bool(pinned & set(s.names))) for s in specs]
