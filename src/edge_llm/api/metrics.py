@@ -27,6 +27,7 @@ REJECTION_REASONS = (
     "queue_full",
     "shutting_down",
     "engine_unavailable",
+    "model_memory_busy",
 )
 CANCEL_PHASES = ("queued", "prefill", "decode")
 FINISH_REASONS = ("stop", "length", "timeout", "cancelled", "error")

@@ -44,6 +44,7 @@ _REJECTION_BY_CODE = {
     "queue_full": "queue_full",
     "shutting_down": "shutting_down",
     "engine_unavailable": "engine_unavailable",
+    "model_memory_busy": "model_memory_busy",
 }
 _MAX_ERROR_BODY = 16384
 
