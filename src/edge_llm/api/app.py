@@ -25,6 +25,7 @@ from edge_llm.api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    ModelLoadRequest,
     SimplePromptRequest,
     TokenizeRequest,
 )
@@ -176,7 +177,7 @@ def _document_request_schemas(app: FastAPI) -> None:
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             for model in (ChatCompletionRequest, SimplePromptRequest, CompletionRequest, InfillRequest,
                           TokenizeRequest, DetokenizeRequest, MessagesRequest, CountTokensRequest, ResponsesRequest,
-                          EmbeddingsRequest):
+                          EmbeddingsRequest, ModelLoadRequest):
                 definition = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 components.update(definition.pop("$defs", {}))
                 components[model.__name__] = definition

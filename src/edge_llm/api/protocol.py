@@ -348,6 +348,13 @@ class TokenizeRequest(_Strict):
     parse_special: bool = True
 
 
+class ModelLoadRequest(_Strict):
+    """POST /models/load and /models/unload."""
+
+    model: str = Field(min_length=1)
+    keep_alive: str | float | None = None  # Ollama's: "5m", seconds, 0, -1 (load only)
+
+
 class DetokenizeRequest(_Strict):
     model: str | None = None
     tokens: list[int]

@@ -131,13 +131,14 @@ async def get_model(model_id: str, request: Request) -> ModelCard:
     return _models(request).get_model(model_id)
 
 
-@router.post("/models/load", responses={**_ERRORS}, summary="Load a model now (body: model, keep_alive)")
+@router.post("/models/load", responses=_ERRORS, openapi_extra=_json_body("ModelLoadRequest"),
+             summary="Load a model now; it then stays loaded as keep_alive says")
 async def load_model(request: Request) -> JSONResponse:
     return JSONResponse(await _models(request).load(request))
 
 
-@router.post("/models/unload", responses={**_ERRORS},
-             summary="Unload a model: now when idle, else when its requests end (body: model)")
+@router.post("/models/unload", responses=_ERRORS, openapi_extra=_json_body("ModelLoadRequest"),
+             summary="Unload a model: now when idle, else when its requests end")
 async def unload_model(request: Request) -> JSONResponse:
     return JSONResponse(await _models(request).unload(request))
 

@@ -10,9 +10,11 @@ from typing import Any
 
 from fastapi import Request
 
-from edge_llm.api.errors import APIError, invalid_request
+from pydantic import ValidationError
+
+from edge_llm.api.errors import APIError, from_pydantic
 from edge_llm.api.model_routing import keep_alive_of, unavailable, unknown_model
-from edge_llm.api.protocol import ModelCard, ModelList
+from edge_llm.api.protocol import ModelCard, ModelList, ModelLoadRequest
 from edge_llm.config import Settings
 from edge_llm.registry.keep_alive import describe_keep_alive
 from edge_llm.registry.registry import (
@@ -66,9 +68,13 @@ class ModelServing:
             body = json.loads(await request.body())
         except (ValueError, RecursionError):
             raise APIError(400, "The request body is not valid JSON", code="invalid_json") from None
-        if not isinstance(body, dict) or not isinstance(body.get("model"), str) or not body["model"]:
-            raise invalid_request("Missing required parameter: 'model' (a model name)", param="model")
-        return body["model"], keep_alive_of(body)
+        if not isinstance(body, dict):
+            raise APIError(400, "The request body must be a JSON object", code="invalid_json")
+        try:
+            parsed = ModelLoadRequest.model_validate(body)
+        except ValidationError as exc:
+            raise from_pydantic(exc) from None
+        return parsed.model, keep_alive_of(body)
 
     def _entry(self, name: str) -> ModelEntry:
         try:
