@@ -301,6 +301,9 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
         cli_avoid_json=True, cli_show_env_vars=True,
     )
     parser.set_defaults(settings_source=source)  # settings_from_args reads the parsed flags through it
+    for action in parser._actions:  # --models-dir has no variable (_without_models_dir): its help says none
+        if "--models-dir" in action.option_strings and action.help:
+            action.help = action.help.split(" [env:")[0]
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
