@@ -35,11 +35,11 @@ class ModelUnavailableError(Exception):
         self.retry_after = retry_after
 
 
-class _Keep:
+class KeepAliveDefault:
     """The marker for "this request gave no keep_alive": the server's default applies."""
 
 
-DEFAULT_KEEP_ALIVE = _Keep()
+DEFAULT_KEEP_ALIVE = KeepAliveDefault()
 
 
 @dataclass(eq=False)

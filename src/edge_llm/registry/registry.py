@@ -27,7 +27,7 @@ from edge_llm.registry.entry import (
     ModelState,
     ModelUnavailableError,
     UnknownModelError,
-    _Keep,
+    KeepAliveDefault,
 )
 from edge_llm.registry.specs import ModelSpec
 
@@ -125,7 +125,7 @@ class ModelRegistry:
 
     # ---- a request's model ------------------------------------------------------------------------
 
-    async def acquire(self, name: str | None, keep_alive: float | None | _Keep = DEFAULT_KEEP_ALIVE) -> Lease:
+    async def acquire(self, name: str | None, keep_alive: float | None | KeepAliveDefault = DEFAULT_KEEP_ALIVE) -> Lease:
         """A lease on the model `name` names (None: the default model), loading it first when it is not loaded.
         Raises UnknownModelError, ModelUnavailableError."""
         entry = self.resolve(name)
@@ -159,7 +159,7 @@ class ModelRegistry:
         assert entry.client is not None
         entry.leases += 1
         self._cancel_timer(entry)
-        entry.keep_alive = self.default_keep_alive if isinstance(keep_alive, _Keep) else keep_alive
+        entry.keep_alive = self.default_keep_alive if isinstance(keep_alive, KeepAliveDefault) else keep_alive
         load_ms = round((loop.time() - started) * 1000, 2) if waited_for_load else 0.0
         return Lease(self, entry, entry.client, load_ms)
 
@@ -170,7 +170,7 @@ class ModelRegistry:
             self._schedule_idle(entry)
         self._notify()
 
-    async def load(self, name: str | None, keep_alive: float | None | _Keep = DEFAULT_KEEP_ALIVE) -> ModelEntry:
+    async def load(self, name: str | None, keep_alive: float | None | KeepAliveDefault = DEFAULT_KEEP_ALIVE) -> ModelEntry:
         """POST /models/load: loaded (or already so); it then stays as `keep_alive` says."""
         lease = await self.acquire(name, keep_alive)
         lease.release()
