@@ -143,7 +143,8 @@ class _ModelCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         samples = self._models()
-        state = GaugeMetricFamily("edge_llm_model_state", "1 for the state each model is in.", labels=["model", "state"])
+        state = GaugeMetricFamily("edge_llm_model_state", "1 for the state each model is in.",
+                                  labels=["model", "state"])
         memory = GaugeMetricFamily("edge_llm_model_memory_estimate_bytes",
                                    "A model's memory estimate (weights, KV cache, buffers): what it takes of the "
                                    "budget while loaded.", labels=["model"])

@@ -93,7 +93,8 @@ def log_models_banner(settings: Settings, registry: ModelRegistry) -> None:
         logger.info("serving %d models on %s, each loaded on its first request (%s)", len(registry.entries), url,
                     rules, extra=fields)
         return
-    lines = [f"serving {len(registry.entries)} models on {url}, each loaded on its first request", f"  rules       {rules}"]
+    lines = [f"serving {len(registry.entries)} models on {url}, each loaded on its first request",
+             f"  rules       {rules}"]
     for entry in registry.entries:
         spec = entry.spec
         aliases = f" (also {', '.join(spec.aliases)})" if spec.aliases else ""

@@ -37,6 +37,7 @@ __all__ = ["DEFAULT_KEEP_ALIVE", "EngineFactory", "Lease", "ModelEntry", "ModelR
 logger = logging.getLogger(__name__)
 
 EngineFactory = Callable[[ModelSpec], EngineClient]
+KeepAlive = float | None | KeepAliveDefault  # seconds, None (never unload), or the server's default
 BUSY_RETRY_AFTER = 5  # seconds, the Retry-After of a request refused for memory held by busy models
 
 
@@ -125,7 +126,7 @@ class ModelRegistry:
 
     # ---- a request's model ------------------------------------------------------------------------
 
-    async def acquire(self, name: str | None, keep_alive: float | None | KeepAliveDefault = DEFAULT_KEEP_ALIVE) -> Lease:
+    async def acquire(self, name: str | None, keep_alive: KeepAlive = DEFAULT_KEEP_ALIVE) -> Lease:
         """A lease on the model `name` names (None: the default model), loading it first when it is not loaded.
         Raises UnknownModelError, ModelUnavailableError."""
         entry = self.resolve(name)
@@ -170,7 +171,7 @@ class ModelRegistry:
             self._schedule_idle(entry)
         self._notify()
 
-    async def load(self, name: str | None, keep_alive: float | None | KeepAliveDefault = DEFAULT_KEEP_ALIVE) -> ModelEntry:
+    async def load(self, name: str | None, keep_alive: KeepAlive = DEFAULT_KEEP_ALIVE) -> ModelEntry:
         """POST /models/load: loaded (or already so); it then stays as `keep_alive` says."""
         lease = await self.acquire(name, keep_alive)
         lease.release()

@@ -2,7 +2,8 @@
 
 A request goes route (api/routes.py) → the model it names (api/model_routing.py) → its family's serving object
 for that model's engine → the engine facade (edge_llm.engine.facade). `models.ModelServing` (/v1/models, load,
-unload) serves the model registry instead. A new endpoint family is a new module here, listed in `FAMILIES`, plus its routes.
+unload) serves the model registry instead. A new endpoint family is a new module here, listed in `FAMILIES`, plus its
+routes.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ FAMILIES: tuple[type[Serving], ...] = (ChatServing, MessagesServing, CompletionS
                                        EmbeddingServing, TokenizationServing, ResponsesServing)
 
 
-def build_serving(settings: Settings, engine: EngineClient, names: tuple[str, ...] = ()) -> dict[type[Serving], Serving]:
+def build_serving(settings: Settings, engine: EngineClient,
+                  names: tuple[str, ...] = ()) -> dict[type[Serving], Serving]:
     """One serving object per endpoint family for one model's engine, by class (what the routes look up)."""
     return {family: family(settings, engine, names) for family in FAMILIES}
 
