@@ -242,7 +242,8 @@ class ModelRegistry:
                 await asyncio.to_thread(client.close)
                 raise ModelUnavailableError(f"The model '{entry.name}' could not be loaded: {client.error}",
                                             code="model_load_failed")
-            if self._closing:
+            if self._closing:  # close() may have run before this engine existed
+                await asyncio.to_thread(client.close)
                 raise ModelUnavailableError("The server is shutting down", code="shutting_down", retry_after=5)
         except BaseException as exc:
             entry.client = None
@@ -290,22 +291,25 @@ class ModelRegistry:
             self._notify()
 
     def _exit_handler(self, entry: ModelEntry, client: EngineClient) -> Callable[[BaseException | None], None]:
-        """Runs on the engine thread when it ends: a death (not a stop) of a serving engine, or a failed load of
-        the one model served without `on_demand`, is fatal to the server, as with one engine."""
+        """Runs on the engine thread when it ends; a death (not a stop) is looked at on the event loop."""
         loop = self._loop
         assert loop is not None
 
         def ended(error: BaseException | None) -> None:
-            if error is None:
-                return
-            serving = entry.client is client and entry.state is ModelState.LOADED
-            if serving or not self.on_demand:
+            if error is not None:
                 try:
-                    loop.call_soon_threadsafe(self.on_fatal, error)
+                    loop.call_soon_threadsafe(self._engine_died, entry, client, error)
                 except RuntimeError:
                     pass  # the event loop is closed
 
         return ended
+
+    def _engine_died(self, entry: ModelEntry, client: EngineClient, error: BaseException) -> None:
+        """A serving engine's death, or a failed load of the one model served without `on_demand`, ends the server
+        (as with one engine: its state is unknown); a failed load on demand is only its requests' 503 (`_load`)."""
+        serving = entry.client is client and entry.state is ModelState.LOADED
+        if serving or not self.on_demand:
+            self.on_fatal(error)
 
     # ---- idleness -----------------------------------------------------------------------------------
 
