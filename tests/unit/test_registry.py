@@ -357,3 +357,30 @@ def test_edge_llm_models_dir_keeps_meaning_where_models_are_fetched(monkeypatch:
     monkeypatch.setenv("EDGE_LLM_MODELS_DIR", str(tmp_path))
     assert Settings().models_dir is None
     assert Settings().model == tmp_path / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+
+
+def test_a_serving_engines_death_is_fatal_a_failed_load_on_demand_is_not() -> None:
+    factory = Factory()
+    factory.gate("a").set()
+    factory.gate("b").set()
+    factory.failing.add("b")
+    reg = registry(factory, spec("a"), spec("b"))
+    deaths: list[BaseException] = []
+    reg.on_fatal = deaths.append
+
+    async def test() -> None:
+        reg.start()
+        with pytest.raises(ModelUnavailableError):
+            await reg.acquire("b")
+        failed_load = next(c for c in factory.made if c.name == "b")
+        assert failed_load.exit_handler is not None
+        failed_load.exit_handler(RuntimeError("bad magic"))  # as its engine thread reports the failed load
+        (await reg.acquire("a")).release()
+        serving = next(c for c in factory.made if c.name == "a")
+        assert serving.exit_handler is not None
+        serving.exit_handler(RuntimeError("llama_decode failed"))
+        while not deaths:
+            await asyncio.sleep(0)  # the report reaches the event loop on its next turn
+        assert [str(d) for d in deaths] == ["llama_decode failed"]
+
+    run(test)
