@@ -54,6 +54,11 @@ def states(server: RunningServer) -> dict[str, str]:
     return {card["id"]: card["state"] for card in httpx.get(server.url + "/v1/models", timeout=30).json()["data"]}
 
 
+def in_flight(server: RunningServer, model: str) -> int:
+    card = httpx.get(f"{server.url}/v1/models/{model}", timeout=30).json()
+    return int(card["meta"]["requests_in_flight"])
+
+
 def complete(server: RunningServer, model: str, **extra: Any) -> httpx.Response:
     body = {"model": model, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0, **extra}
     return httpx.post(server.url + "/v1/completions", json=body, timeout=300)
@@ -148,7 +153,8 @@ def test_the_budget_refuses_with_a_503_naming_the_busy_model_and_recovers_when_i
     error = refused.json()["error"]
     assert error["code"] == "model_memory_busy"
     assert MODEL_ID in error["message"] and "in flight" in error["message"]
-    recovered = complete(server, GEMMA)  # the stream was closed: qwen is idle, evicted for gemma
+    wait_for(lambda: in_flight(server, MODEL_ID) == 0, 60, "the closed stream to end on the server")
+    recovered = complete(server, GEMMA)  # qwen is idle now: evicted for gemma
     assert recovered.status_code == 200, recovered.text
     assert states(server) == {MODEL_ID: "unloaded", GEMMA_ID: "loaded"}
     assert metric(scrape(server), "edge_llm_model_unloads_total", model=MODEL_ID, reason="evicted") == 1
