@@ -137,7 +137,8 @@ def _fetch(args: argparse.Namespace) -> int:
             return _fail(str(exc))
         finally:
             bar.close()
-        where = "" if path.absolute() == default_model_path() else f"; serve it with --model {path}"
+        where = ("" if path.absolute() == default_model_path()
+                 else f"; serve it with --model {path}, or every model there with --models-dir {path.parent}")
         sys.stderr.write(f"model ready: {path} (sha256 verified{where})\n")
     return 0
 
