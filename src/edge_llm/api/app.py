@@ -158,9 +158,9 @@ def _one_engine_registry(settings: Settings, engine: EngineClient) -> ModelRegis
 def _model_samples(registry: ModelRegistry) -> list[ModelSample]:
     samples = []
     for entry in registry.entries:
-        loaded = entry.state is ModelState.LOADED and entry.client is not None
+        client = entry.client if entry.state is ModelState.LOADED else None
         samples.append(ModelSample(entry.name, entry.state.value, entry.spec.memory_bytes, entry.leases, entry.loads,
-                                   dict(entry.unloads), entry.client.stats() if loaded and entry.client else None))
+                                   dict(entry.unloads), client.stats() if client is not None else None))
     return samples
 
 
