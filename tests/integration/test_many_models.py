@@ -126,6 +126,9 @@ def test_an_unknown_model_is_a_404_listing_the_available_ones_and_a_base_model_r
 
 def test_an_idle_model_unloads_after_its_keep_alive_and_its_memory_is_returned(serve: Any) -> None:
     server = serve()
+    # A first load and unload (keep_alive 0) leaves what stays for good: llama.cpp and its Python modules.
+    assert complete(server, MODEL_ID, keep_alive=0).status_code == 200
+    wait_for(lambda: states(server)[MODEL_ID] == "unloaded", 60, "keep_alive 0 to unload the model")
     before = rss_anon_kib(server)
     answer = complete(server, MODEL_ID, keep_alive="2s")
     assert answer.status_code == 200, answer.text
@@ -134,9 +137,11 @@ def test_an_idle_model_unloads_after_its_keep_alive_and_its_memory_is_returned(s
     wait_for(lambda: states(server)[MODEL_ID] == "unloaded", 60, "the model to unload after its keep-alive")
     unloaded = rss_anon_kib(server)
     print(f"RssAnon: {before} KiB before, {loaded} KiB loaded, {unloaded} KiB unloaded")
-    assert loaded - before > 100 * 1024  # its buffers were allocated...
+    assert loaded - before > 50 * 1024  # its buffers were allocated...
     assert loaded - unloaded > (loaded - before) * 0.8  # ...and returned
-    assert metric(scrape(server), "edge_llm_model_unloads_total", model=MODEL_ID, reason="idle") == 1
+    samples = scrape(server)
+    assert metric(samples, "edge_llm_model_unloads_total", model=MODEL_ID, reason="keep_alive") == 1
+    assert metric(samples, "edge_llm_model_unloads_total", model=MODEL_ID, reason="idle") == 1
 
 
 def test_the_budget_refuses_with_a_503_naming_the_busy_model_and_recovers_when_it_is_idle(serve: Any) -> None:
