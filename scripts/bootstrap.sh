@@ -6,7 +6,8 @@
 #    chromium the browser test drives): installed with apt-get when running as root, otherwise the
 #    apt-get command to run is printed and the script exits 1.
 # 2. The virtualenv .venv with the pinned dependencies (llama-cpp-python is built from source).
-# 3. The default model, in the per-user data directory (`edge-llm model fetch`; idempotent).
+# 3. The default model, in the per-user data directory (`edge-llm model fetch`; idempotent); for `test` also
+#    gemma-3-270m, the second catalogued model.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -73,6 +74,9 @@ if [ ! -f "$stamp" ]; then
 fi
 
 .venv/bin/edge-llm model fetch
+if [ "$action" = test ]; then
+  .venv/bin/edge-llm model fetch gemma-3-270m  # the second model, for the tests of a server with several models
+fi
 
 case "$action" in
   serve) exec .venv/bin/edge-llm serve "$@" ;;

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -57,6 +58,38 @@ class Settings(BaseSettings):
     )
     model_alias: str | None = Field(
         None, description="Extra name clients may use in the `model` field (besides the file name)."
+    )
+
+    # Many models (see README, Many models)
+    models_dir: Path | None = Field(
+        None, description="Serve every GGUF file in this directory, each loaded on its first request and unloaded "
+        f"when idle (with --model too: that one is also served, and is the default for requests naming none). A flag "
+        f"or TOML key only: ${MODELS_DIR_ENV} is where `edge-llm model fetch` puts models."
+    )
+    model_aliases: dict[str, str] = Field(
+        {}, description="Extra names for models, alias → model name (a TOML table [model_aliases], or "
+        "--model-aliases '{\"coder\": \"qwen2.5-coder-0.5b-instruct-q4_k_m\"}')."
+    )
+    keep_alive: str | None = Field(
+        None, description="How long a model stays loaded after its last request, as Ollama's keep_alive: a "
+        "duration (\"5m\", \"90s\", \"1h\", seconds as a number), 0 (unload after each request) or -1 (never "
+        "unload). Default: -1 with --model alone, 5m with --models-dir. A request's keep_alive field wins."
+    )
+    pin: CommaList = Field(
+        [], description="Models never unloaded for idleness nor evicted for room (comma list of names)."
+    )
+    max_loaded_models: int | None = Field(
+        None, ge=1, description="Most models loaded at once; loading one more unloads the least recently used "
+        "idle one (default: no limit but the memory budget)."
+    )
+    memory_budget: str | None = Field(
+        None, description="Memory the loaded models may take together, in bytes or with a unit (\"3GiB\", "
+        "\"1500MB\"), each model counted by its memory estimate (edge-llm model info). Default: 90% of the memory "
+        "available at start-up, as the start-up memory check computes it."
+    )
+    load_wait_timeout: float = Field(
+        30.0, ge=0, description="Seconds a request for an unloaded model waits for memory held by busy models "
+        "before it gets 503 model_memory_busy (with Retry-After)."
     )
     threads: int = Field(default_factory=cores_available, ge=1, description="CPU threads for decoding.")
     threads_batch: int | None = Field(
@@ -179,7 +212,7 @@ class Settings(BaseSettings):
     def _no_file_for_an_empty_name(cls, value: Any) -> Any:
         return value or None  # EDGE_LLM_CONFIG= (empty) names no file
 
-    @field_validator("api_key", "allowed_hosts", "cors_origins", mode="before")
+    @field_validator("api_key", "allowed_hosts", "cors_origins", "pin", mode="before")
     @classmethod
     def _split_comma_list(cls, value: Any) -> Any:
         if value is None:
@@ -189,6 +222,26 @@ class Settings(BaseSettings):
         if isinstance(value, (list, tuple)):
             return [part.strip() for item in value for part in str(item).split(",") if part.strip()]
         return value
+
+    @field_validator("keep_alive", mode="before")
+    @classmethod
+    def _valid_keep_alive(cls, value: Any) -> Any:
+        from edge_llm.registry.keep_alive import parse_keep_alive
+
+        if value is None or value == "":
+            return None
+        parse_keep_alive(value)  # raises ValueError with the reason
+        return str(value)
+
+    @field_validator("memory_budget", mode="before")
+    @classmethod
+    def _valid_memory_budget(cls, value: Any) -> Any:
+        from edge_llm.registry.keep_alive import parse_bytes
+
+        if value is None or value == "":
+            return None
+        parse_bytes(value)
+        return str(value)
 
     @model_validator(mode="after")
     def _batch_holds_every_sequence(self) -> Settings:
@@ -210,7 +263,19 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # The CLI source, when there is one (settings_from_args), goes before all of these.
-        return init_settings, env_settings, _ConfigFile(settings_cls)
+        return init_settings, _without_models_dir(env_settings), _ConfigFile(settings_cls)
+
+
+def _without_models_dir(env_settings: PydanticBaseSettingsSource) -> Callable[[], dict[str, Any]]:
+    """The environment, except that EDGE_LLM_MODELS_DIR keeps its older meaning, where `edge-llm model fetch` puts
+    models and `serve` finds the default one: `--models-dir` (serve them all) is a flag or a TOML key only."""
+
+    def source() -> dict[str, Any]:
+        values = env_settings()
+        values.pop("models_dir", None)
+        return values
+
+    return source
 
 
 class _ConfigFile(PydanticBaseSettingsSource):
@@ -236,6 +301,9 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
         cli_avoid_json=True, cli_show_env_vars=True,
     )
     parser.set_defaults(settings_source=source)  # settings_from_args reads the parsed flags through it
+    for action in parser._actions:  # --models-dir has no variable (_without_models_dir): its help says none
+        if "--models-dir" in action.option_strings and action.help:
+            action.help = action.help.split(" [env:")[0]
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:

@@ -3,7 +3,8 @@
 The id lives in a context variable set by the request middleware; a handler filter copies it onto
 each record, so any `logging.getLogger(__name__)` call made while serving a request carries it.
 Code outside the request's context (the engine thread) passes `extra={"request_id": ...}`.
-Extra fields given with `extra=` become JSON keys (or `key=value` pairs in text mode).
+Extra fields given with `extra=` become JSON keys (or `key=value` pairs in text mode). With several models
+served, the model a request or an engine thread works for is bound the same way (`bind_model`): a `model` field.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from datetime import datetime, timezone
 from typing import Any, TextIO
 
 _request_id: ContextVar[str | None] = ContextVar("edge_llm_request_id", default=None)
+_model: ContextVar[str | None] = ContextVar("edge_llm_model", default=None)
 _SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:@+=-]{1,128}")  # no "/": the engine uses "<id>/<choice>" for n>1
 
 # Attributes every LogRecord has; anything else on a record came from `extra=`.
@@ -49,10 +51,22 @@ def unbind_request_id(token: Token[str | None]) -> None:
     _request_id.reset(token)
 
 
+def bind_model(name: str) -> Token[str | None]:
+    """Names the model on every log line of this context (a request's task, or an engine thread)."""
+    return _model.set(name)
+
+
+def unbind_model(token: Token[str | None]) -> None:
+    _model.reset(token)
+
+
 class RequestIdFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if getattr(record, "request_id", None) is None:
             record.request_id = _request_id.get()
+        model = _model.get()
+        if model is not None and not hasattr(record, "model"):
+            record.model = model
         return True
 
 

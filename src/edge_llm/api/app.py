@@ -1,5 +1,5 @@
-"""The app factory: routes, error handlers, middleware, and a lifespan that runs the engine (through its
-facade, `EngineClient`: the API layer reaches the engine only through it).
+"""The app factory: routes, error handlers, middleware, and a lifespan that runs the model registry (one engine
+per loaded model, each reached only through its facade, `EngineClient`).
 
 Middleware, outermost first: RequestContext (request id, access log, metrics, send timeout; outside
 even Starlette's error middleware) → HeaderLimit → HostGuard → CORS (with --cors-origins) →
@@ -25,6 +25,7 @@ from edge_llm.api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    ModelLoadRequest,
     SimplePromptRequest,
     TokenizeRequest,
 )
@@ -34,12 +35,13 @@ from edge_llm.api.protocol_embeddings import EmbeddingsRequest
 from edge_llm.api.protocol_anthropic import CountTokensRequest, MessagesRequest
 from edge_llm.api.routes import debug_router, router
 from edge_llm.api.security import ApiKeyAuth, HostGuard, load_api_keys, warn_if_exposed
-from edge_llm.api.serving import build_serving
+from edge_llm.api.serving.models import ModelServing
 from edge_llm.api.telemetry import EngineTelemetry, RequestRecords
 from edge_llm.api.web import web_router
 from edge_llm.config import Settings
 from edge_llm.engine.facade import EngineClient
-from edge_llm.api.metrics import Metrics, ServerState
+from edge_llm.api.metrics import Metrics, ModelSample, ServerState
+from edge_llm.registry.registry import ModelRegistry, ModelState
 
 logger = logging.getLogger(__name__)
 
@@ -64,48 +66,55 @@ class EdgeApp(FastAPI):
 
 
 def create_app(
-    settings: Settings, engine: EngineClient, *, on_fatal: Callable[[], None] | None = None
+    settings: Settings, engine: EngineClient | None = None, *, registry: ModelRegistry | None = None,
+    on_fatal: Callable[[], None] | None = None,
 ) -> FastAPI:
-    """`on_fatal` runs on the event loop when the engine thread dies (default: drain briefly, then exit).
-    Raises ValueError for an unusable API key file."""
+    """Serves the models of `registry`, or the one model of `engine` (already made, not started). `on_fatal`
+    runs on the event loop when a serving engine thread dies (default: drain briefly, then exit). Raises ValueError
+    for an unusable API key file."""
+    if registry is None:
+        if engine is None:
+            raise TypeError("create_app needs an engine or a registry")
+        registry = _one_engine_registry(settings, engine)
     api_keys = load_api_keys(settings)
     metrics = Metrics()
     records = RequestRecords()
-    lifecycle = Lifecycle(engine, settings.drain_timeout)
-    engine.set_observer(EngineTelemetry(metrics, records))
-    metrics.watch(engine.stats, lambda: ServerState(engine.alive, lifecycle.readiness()[0], lifecycle.draining,
-                                                    lifecycle.in_flight))
+    lifecycle = Lifecycle(registry, settings.drain_timeout)
+    registry.prepare = lambda spec, client: client.set_observer(EngineTelemetry(metrics, records, spec.name))
+    metrics.watch(registry.stats, lambda: ServerState(registry.health()[0], lifecycle.readiness()[0],
+                                                      lifecycle.draining, lifecycle.in_flight))
+    metrics.watch_models(lambda: _model_samples(registry))
 
     def fatal() -> None:
         lifecycle.shutdown("the engine stopped", grace=_FATAL_GRACE)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        loop = asyncio.get_running_loop()
         app.state.exit_code = 0
 
-        def engine_exited(error: BaseException | None) -> None:
-            if error is not None and app.state.exit_code == 0:
+        def engine_died(error: BaseException) -> None:  # on the event loop
+            if app.state.exit_code == 0:
                 app.state.exit_code = 1
                 logger.error("edge-llm: %s", _one_line(error))
-                loop.call_soon_threadsafe(on_fatal or fatal)
+                (on_fatal or fatal)()
 
-        engine.on_exit(engine_exited)
-        engine.start()
+        registry.on_fatal = engine_died
+        registry.start()
         warn_if_exposed(settings, api_keys)
         try:
             yield
         finally:
-            # The tokenizer thread, then the engine thread (which frees the model): see EngineClient.close.
-            await asyncio.to_thread(engine.close)
+            # Each engine: its tokenizer thread, then its engine thread (which frees the model): EngineClient.close.
+            await asyncio.to_thread(registry.close)
 
     app = EdgeApp(title="Edge LLM Engine", version=__version__, lifespan=lifespan)
     app.state.settings = settings
-    app.state.engine = engine
+    app.state.engine = engine  # the one engine given (tests); None when the registry makes them
+    app.state.registry = registry
+    app.state.models = ModelServing(settings, registry)  # /v1/models, load, unload
     app.state.metrics = metrics
     app.state.records = records
     app.state.lifecycle = lifecycle
-    app.state.serving = build_serving(settings, engine)  # endpoint family → its serving object
     app.include_router(router)
     app.include_router(web_router)  # the web chat at / (no API key needed for the page itself)
     if settings.test_hooks:
@@ -132,6 +141,29 @@ def create_app(
     return app
 
 
+def _one_engine_registry(settings: Settings, engine: EngineClient) -> ModelRegistry:
+    from edge_llm.registry.setup import build_registry
+
+    made: list[EngineClient] = []
+
+    def the_engine(spec: object) -> EngineClient:
+        if made:
+            raise RuntimeError("this engine was given ready-made and cannot be loaded again")
+        made.append(engine)
+        return engine
+
+    return build_registry(settings.model_copy(update={"models_dir": None}), the_engine)
+
+
+def _model_samples(registry: ModelRegistry) -> list[ModelSample]:
+    samples = []
+    for entry in registry.entries:
+        client = entry.client if entry.state is ModelState.LOADED else None
+        samples.append(ModelSample(entry.name, entry.state.value, entry.spec.memory_bytes, entry.leases, entry.loads,
+                                   dict(entry.unloads), client.stats() if client is not None else None))
+    return samples
+
+
 def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
@@ -145,7 +177,7 @@ def _document_request_schemas(app: FastAPI) -> None:
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             for model in (ChatCompletionRequest, SimplePromptRequest, CompletionRequest, InfillRequest,
                           TokenizeRequest, DetokenizeRequest, MessagesRequest, CountTokensRequest, ResponsesRequest,
-                          EmbeddingsRequest):
+                          EmbeddingsRequest, ModelLoadRequest):
                 definition = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 components.update(definition.pop("$defs", {}))
                 components[model.__name__] = definition

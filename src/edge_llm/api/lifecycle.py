@@ -14,7 +14,7 @@ import os
 import signal
 from collections.abc import Callable
 
-from edge_llm.engine.facade import EngineClient
+from edge_llm.registry.registry import ModelRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -27,8 +27,8 @@ def _terminate_process() -> None:
 
 
 class Lifecycle:
-    def __init__(self, engine: EngineClient, drain_timeout: float) -> None:
-        self.engine = engine
+    def __init__(self, registry: ModelRegistry, drain_timeout: float) -> None:
+        self.registry = registry  # every model's engine, through the registry
         self.drain_timeout = drain_timeout
         self.draining = False
         self.in_flight = 0  # requests being served, health/readiness/metrics excluded
@@ -42,7 +42,7 @@ class Lifecycle:
     def readiness(self) -> tuple[bool, str]:
         if self.draining:
             return False, "draining"
-        return self.engine.readiness()
+        return self.registry.readiness()
 
     # ---- shutdown (event loop only) ----------------------------------------------------------
 
@@ -65,7 +65,7 @@ class Lifecycle:
         await self._wait_idle(loop.time() + timeout)
         if self.in_flight > 0:
             logger.warning("drain time over: cancelling %d requests", self.in_flight)
-        await asyncio.to_thread(self.engine.close)  # ends anything left with a `shutting_down` error event
+        await asyncio.to_thread(self.registry.close)  # ends anything left with a `shutting_down` error event
         await self._wait_idle(loop.time() + _AFTER_CANCEL_GRACE)
         logger.info("drained; exiting")
         self.request_exit()

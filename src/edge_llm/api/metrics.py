@@ -1,7 +1,8 @@
 """Prometheus metrics, in a registry of their own per app (never the process-global one).
 
 Counters and histograms are fed by the HTTP middleware and by the engine thread (through
-`edge_llm.api.telemetry`); gauges are read from the engine when /metrics is scraped.
+`edge_llm.api.telemetry`); gauges are read from the engine when /metrics is scraped. The unlabelled engine
+series are the server's totals over every loaded model; the `edge_llm_model_*` series carry a `model` label.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ REJECTION_REASONS = (
     "queue_full",
     "shutting_down",
     "engine_unavailable",
+    "model_memory_busy",
 )
 CANCEL_PHASES = ("queued", "prefill", "decode")
 FINISH_REASONS = ("stop", "length", "timeout", "cancelled", "error")
@@ -88,6 +90,13 @@ class Metrics:
             "edge_llm_queue_wait_seconds", "From submission until the request got a sequence.",
             buckets=_LATENCY_BUCKETS, registry=r,
         )
+        self.model_generated_tokens = Counter(
+            "edge_llm_model_generated_tokens", "Tokens generated, by model.", ["model"], registry=r,
+        )
+        self.model_finished = Counter(
+            "edge_llm_model_generations_finished", "Generations ended, by model and finish reason.",
+            ["model", "reason"], registry=r,
+        )
         self.idle_disconnects = Counter(
             "edge_llm_stream_idle_disconnects", "Connections closed because the client stopped reading.",
             registry=r,
@@ -99,11 +108,68 @@ class Metrics:
         for reason in FINISH_REASONS:
             self.finished.labels(reason)
 
+    def watch_models(self, models: Callable[[], list[ModelSample]]) -> None:
+        self.registry.register(_ModelCollector(models))
+
     def watch(self, engine_stats: Callable[[], EngineStats], server_state: Callable[[], ServerState]) -> None:
         self.registry.register(_LiveCollector(engine_stats, server_state))
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+@dataclass(frozen=True)
+class ModelSample:
+    """One served model, as the scrape-time collector reads it."""
+
+    name: str
+    state: str  # loaded, loading, unloaded, unloading
+    memory_estimate_bytes: int
+    requests_in_flight: int
+    loads: int
+    unloads: dict[str, int]  # by reason
+    stats: EngineStats | None  # None while not loaded
+
+
+MODEL_STATES = ("loaded", "loading", "unloaded", "unloading")
+
+
+class _ModelCollector(Collector):
+    def __init__(self, models: Callable[[], list[ModelSample]]) -> None:
+        self._models = models
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        samples = self._models()
+        state = GaugeMetricFamily("edge_llm_model_state", "1 for the state each model is in.",
+                                  labels=["model", "state"])
+        memory = GaugeMetricFamily("edge_llm_model_memory_estimate_bytes",
+                                   "A model's memory estimate (weights, KV cache, buffers): what it takes of the "
+                                   "budget while loaded.", labels=["model"])
+        in_flight = GaugeMetricFamily("edge_llm_model_requests_in_flight", "Requests a model is serving.",
+                                      labels=["model"])
+        loads = CounterMetricFamily("edge_llm_model_loads", "Model loads.", labels=["model"])
+        unloads = CounterMetricFamily("edge_llm_model_unloads", "Model unloads, by reason (idle, keep_alive, "
+                                      "evicted, request).", labels=["model", "reason"])
+        running = GaugeMetricFamily("edge_llm_model_running_sequences", "Sequences being prefilled or decoded.",
+                                    labels=["model"])
+        waiting = GaugeMetricFamily("edge_llm_model_queue_depth", "Requests waiting for a sequence.", labels=["model"])
+        kv_used = GaugeMetricFamily("edge_llm_model_kv_cells_used", "KV-cache cells in use.", labels=["model"])
+        for sample in samples:
+            for name in MODEL_STATES:
+                state.add_metric([sample.name, name], int(sample.state == name))
+            memory.add_metric([sample.name], sample.memory_estimate_bytes)
+            in_flight.add_metric([sample.name], sample.requests_in_flight)
+            loads.add_metric([sample.name], sample.loads)
+            for reason, count in sample.unloads.items():
+                unloads.add_metric([sample.name, reason], count)
+            stats = sample.stats or EngineStats(0, 0, 0, 0, 0)
+            running.add_metric([sample.name], stats.running)
+            waiting.add_metric([sample.name], stats.waiting)
+            kv_used.add_metric([sample.name], stats.kv_cells_used)
+        yield from (state, memory, in_flight, loads, unloads, running, waiting, kv_used)
 
 
 class _LiveCollector(Collector):

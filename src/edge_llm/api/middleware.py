@@ -44,6 +44,7 @@ _REJECTION_BY_CODE = {
     "queue_full": "queue_full",
     "shutting_down": "shutting_down",
     "engine_unavailable": "engine_unavailable",
+    "model_memory_busy": "model_memory_busy",
 }
 _MAX_ERROR_BODY = 16384
 
@@ -215,6 +216,8 @@ class RequestContext:
         client = scope.get("client")
         if client:
             fields["client"] = client[0]
+        if record.model:
+            fields["model"] = record.model
         if record.prompt_tokens is not None:
             fields.update(prompt_tokens=record.prompt_tokens, completion_tokens=record.completion_tokens,
                           cached_tokens=record.cached_tokens)

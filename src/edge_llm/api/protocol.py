@@ -348,6 +348,13 @@ class TokenizeRequest(_Strict):
     parse_special: bool = True
 
 
+class ModelLoadRequest(_Strict):
+    """POST /models/load and /models/unload."""
+
+    model: str = Field(min_length=1)
+    keep_alive: str | float | None = None  # Ollama's: "5m", seconds, 0, -1 (load only)
+
+
 class DetokenizeRequest(_Strict):
     model: str | None = None
     tokens: list[int]
@@ -449,6 +456,8 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "edge-llm"
+    state: Literal["loaded", "loading", "unloaded", "unloading"] | None = None  # the model's engine
+    aliases: list[str] = Field(default_factory=list)  # other names a request may use for it
     meta: dict[str, Any] | None = None
 
 

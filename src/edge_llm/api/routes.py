@@ -1,9 +1,9 @@
-"""Routes: thin, they only dispatch to the endpoint family's serving object (app.state.serving) or read the
-engine facade (app.state.engine)."""
+"""Routes: thin, they only dispatch to the endpoint family's serving object for the model the request names
+(api/model_routing.py), or to the model registry's (/v1/models, load, unload, health)."""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -17,21 +17,19 @@ from edge_llm.api.protocol import (
     ModelList,
 )
 from edge_llm.api.protocol_embeddings import EmbeddingsResponse
+from edge_llm.api.model_routing import with_model
 from edge_llm.api.serving import (
     ChatServing,
     CompletionServing,
     EmbeddingServing,
     InfillServing,
-    ModelServing,
     ResponsesServing,
-    Serving,
     TokenizationServing,
 )
-from edge_llm.engine.facade import EngineClient
+from edge_llm.api.serving.models import ModelServing
+from edge_llm.registry.registry import ModelRegistry
 
 router = APIRouter()
-
-Family = TypeVar("Family", bound=Serving)
 
 _ERRORS = {status: {"model": ErrorResponse} for status in (400, 404, 413, 503)}
 
@@ -43,12 +41,12 @@ def _json_body(*models: str) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
-def _serving(request: Request, family: type[Family]) -> Family:
-    return cast(Family, request.app.state.serving[family])
+def _models(request: Request) -> ModelServing:
+    return cast(ModelServing, request.app.state.models)
 
 
-def _engine(request: Request) -> EngineClient:
-    return cast(EngineClient, request.app.state.engine)
+def _registry(request: Request) -> ModelRegistry:
+    return cast(ModelRegistry, request.app.state.registry)
 
 
 # Clients whose base URL lacks /v1 (and tools written for llama-server) call the OpenAI routes without it.
@@ -64,7 +62,7 @@ _UNVERSIONED = {"include_in_schema": False}
     summary="Chat completion (OpenAI body) or plain-text SSE stream (simple `prompt` body)",
 )
 async def chat_completions(request: Request) -> Response:
-    return await _serving(request, ChatServing).chat_completions(request)
+    return await with_model(request, ChatServing, lambda serving: serving.chat_completions(request))
 
 
 @router.post("/completions", **_UNVERSIONED)
@@ -76,7 +74,7 @@ async def chat_completions(request: Request) -> Response:
     summary="Legacy text completion: the prompt is raw text (no chat template)",
 )
 async def completions(request: Request) -> Response:
-    return await _serving(request, CompletionServing).completions(request)
+    return await with_model(request, CompletionServing, lambda serving: serving.completions(request))
 
 
 @router.post(
@@ -86,7 +84,7 @@ async def completions(request: Request) -> Response:
     summary="Fill-in-the-middle for editors, llama-server's /infill (llama.vscode, llama.vim)",
 )
 async def infill(request: Request) -> Response:
-    return await _serving(request, InfillServing).infill(request)
+    return await with_model(request, InfillServing, lambda serving: serving.infill(request))
 
 
 @router.post("/embeddings", **_UNVERSIONED)
@@ -98,7 +96,7 @@ async def infill(request: Request) -> Response:
     summary="Embeddings: one normalised vector per input, pooled from the served model's hidden states",
 )
 async def embeddings(request: Request) -> Response:
-    return await _serving(request, EmbeddingServing).embeddings(request)
+    return await with_model(request, EmbeddingServing, lambda serving: serving.embeddings(request))
 
 
 @router.post(
@@ -108,7 +106,7 @@ async def embeddings(request: Request) -> Response:
     summary="Text → token ids with the loaded model's vocabulary",
 )
 async def tokenize(request: Request) -> Response:
-    return await _serving(request, TokenizationServing).tokenize(request)
+    return await with_model(request, TokenizationServing, lambda serving: serving.tokenize(request))
 
 
 @router.post(
@@ -118,34 +116,51 @@ async def tokenize(request: Request) -> Response:
     summary="Token ids → text",
 )
 async def detokenize(request: Request) -> Response:
-    return await _serving(request, TokenizationServing).detokenize(request)
+    return await with_model(request, TokenizationServing, lambda serving: serving.detokenize(request))
 
 
 @router.get("/models", response_model=ModelList, **_UNVERSIONED)
 @router.get("/v1/models", response_model=ModelList)
 async def list_models(request: Request) -> ModelList:
-    return _serving(request, ModelServing).list_models()
+    return _models(request).list_models()
 
 
 @router.get("/models/{model_id:path}", response_model=ModelCard, **_UNVERSIONED)
 @router.get("/v1/models/{model_id:path}", response_model=ModelCard, responses={404: {"model": ErrorResponse}})
 async def get_model(model_id: str, request: Request) -> ModelCard:
-    return _serving(request, ModelServing).get_model(model_id)
+    return _models(request).get_model(model_id)
+
+
+@router.post("/models/load", responses=_ERRORS, openapi_extra=_json_body("ModelLoadRequest"),
+             summary="Load a model now; it then stays loaded as keep_alive says")
+async def load_model(request: Request) -> JSONResponse:
+    return JSONResponse(await _models(request).load(request))
+
+
+@router.post("/models/unload", responses=_ERRORS, openapi_extra=_json_body("ModelLoadRequest"),
+             summary="Unload a model: now when idle, else when its requests end")
+async def unload_model(request: Request) -> JSONResponse:
+    return JSONResponse(await _models(request).unload(request))
 
 
 @router.get("/health", include_in_schema=False)  # llama-server's name for it
-@router.get("/healthz", summary="Liveness: 200 while the process and the engine thread are alive")
+@router.get("/healthz", summary="Liveness: 200 while the process and the loaded models' engine threads are alive")
 async def healthz(request: Request) -> JSONResponse:
-    engine = _engine(request)
-    if engine.alive:
-        return JSONResponse({"status": "ok", "model_loaded": engine.loaded})
-    return JSONResponse({"status": "engine_dead" if engine.failed else "stopped"}, status_code=503)
+    registry = _registry(request)
+    alive, status = registry.health()
+    if alive:
+        return JSONResponse({"status": status, "model_loaded": bool(registry.loaded_clients())})
+    return JSONResponse({"status": status}, status_code=503)
 
 
-@router.get("/readyz", summary="Readiness: 200 when loaded and accepting work, else 503 with the reason")
+@router.get("/readyz", summary="Readiness: 200 when the server accepts work, else 503 with the reason")
 async def readyz(request: Request) -> JSONResponse:
     ready, status = request.app.state.lifecycle.readiness()
-    return JSONResponse({"status": status}, status_code=200 if ready else 503)
+    body: dict[str, Any] = {"status": status}
+    registry = _registry(request)
+    if registry.on_demand:
+        body["models"] = {entry.name: entry.state.value for entry in registry.entries}
+    return JSONResponse(body, status_code=200 if ready else 503)
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
@@ -160,7 +175,8 @@ debug_router = APIRouter(include_in_schema=False)
 
 @debug_router.post("/debug/kill-engine")
 async def kill_engine(request: Request) -> JSONResponse:
-    _engine(request).kill_for_test()
+    for _, client in _registry(request).loaded_clients():
+        client.kill_for_test()
     return JSONResponse({"status": "killing the engine thread"}, status_code=202)
 
 
@@ -176,7 +192,7 @@ __all__ = ["router", "debug_router", "ChatCompletionRequest"]
     summary="OpenAI Responses API, stateless: input items, function tools, text.format, the Responses event stream",
 )
 async def responses(request: Request) -> Response:
-    return await _serving(request, ResponsesServing).responses(request)
+    return await with_model(request, ResponsesServing, lambda serving: serving.responses(request))
 
 
 # ---- Anthropic's Messages API (errors in Anthropic's envelope: api/errors.py chooses it by path) ----------------
@@ -195,7 +211,7 @@ _ANTHROPIC_ERRORS = {status: {"model": AnthropicErrorResponse} for status in (40
     summary="Anthropic Messages API: content blocks, tools, Anthropic's SSE events and error envelope",
 )
 async def anthropic_messages(request: Request) -> Response:
-    return await _serving(request, MessagesServing).messages(request)
+    return await with_model(request, MessagesServing, lambda serving: serving.messages(request))
 
 
 @router.post(
@@ -206,4 +222,4 @@ async def anthropic_messages(request: Request) -> Response:
     summary="The prompt tokens a Messages request would have",
 )
 async def anthropic_count_tokens(request: Request) -> Response:
-    return await _serving(request, MessagesServing).count_tokens(request)
+    return await with_model(request, MessagesServing, lambda serving: serving.count_tokens(request))

@@ -31,6 +31,7 @@ class RequestRecord:
     prompt: Any = None  # only with --log-prompts
     output: str | list[str | None] | None = None  # only with --log-prompts (a list when n > 1)
     idle_timeout: bool = False
+    model: str | None = None  # with several models served: the one that served it
 
 
 class RequestRecords:
@@ -62,10 +63,12 @@ class RequestRecords:
 class EngineTelemetry:
     """The engine's observer (see `edge_llm.engine.hooks`): metrics plus the access-log record."""
 
-    def __init__(self, metrics: Metrics, records: RequestRecords) -> None:
+    def __init__(self, metrics: Metrics, records: RequestRecords, model: str = "") -> None:
         self._metrics = metrics
         self._records = records
         self._inter_token = metrics.inter_token
+        self._model_generated = metrics.model_generated_tokens.labels(model)
+        self._model = model
 
     def request_admitted(self, request_id: str, queue_wait: float, prompt_tokens: int, cached_tokens: int) -> None:
         metrics = self._metrics
@@ -89,7 +92,9 @@ class EngineTelemetry:
         metrics = self._metrics
         if usage.completion_tokens:
             metrics.generated_tokens.inc(usage.completion_tokens)
+            self._model_generated.inc(usage.completion_tokens)
         metrics.finished.labels(reason.value).inc()
+        metrics.model_finished.labels(self._model, reason.value).inc()
         if reason is FinishReason.CANCELLED:
             metrics.cancellations.labels(phase).inc()
         record = self._records.get(request_id)
@@ -111,6 +116,7 @@ class EngineTelemetry:
 
     def request_failed(self, request_id: str, code: str) -> None:
         self._metrics.finished.labels("error").inc()
+        self._metrics.model_finished.labels(self._model, "error").inc()
         record = self._records.get(request_id)
         if record is not None:
             record.finish_reason = "error"

@@ -10,6 +10,8 @@ import logging
 import shlex
 
 from edge_llm.config import Settings
+from edge_llm.registry.keep_alive import describe_keep_alive
+from edge_llm.registry.registry import ModelRegistry
 from edge_llm.models.gguf_info import human_bytes
 from edge_llm.cli.preflight import model_facts
 
@@ -74,3 +76,30 @@ def log_banner(settings: Settings) -> None:
     if has_keys:
         lines.append("  (API keys are on: the web chat asks for one; /healthz and /readyz stay open)")
     logger.info("\n".join(lines))  # (text mode puts extra fields on the first line: the lines say it all)
+
+
+def log_models_banner(settings: Settings, registry: ModelRegistry) -> None:
+    """The banner of `--models-dir`: every model served, and the rules that load and unload them."""
+    has_keys = bool(settings.api_key or settings.api_key_file)
+    url = local_url(settings.host, settings.port)
+    budget = human_bytes(registry.budget) if registry.budget is not None else "no limit"
+    limit = f", at most {registry.max_loaded} loaded" if registry.max_loaded else ""
+    rules = (f"memory budget {budget}{limit}; idle models {describe_keep_alive(registry.default_keep_alive)}; "
+             f"the default model is {registry.default_model}")
+    fields = {"models": [e.name for e in registry.entries], "models_dir": str(settings.models_dir),
+              "memory_budget_bytes": registry.budget, "max_loaded_models": registry.max_loaded,
+              "default_model": registry.default_model, "web_chat": url + "/"}
+    if settings.log_format == "json":
+        logger.info("serving %d models on %s, each loaded on its first request (%s)", len(registry.entries), url,
+                    rules, extra=fields)
+        return
+    lines = [f"serving {len(registry.entries)} models on {url}, each loaded on its first request",
+             f"  rules       {rules}"]
+    for entry in registry.entries:
+        spec = entry.spec
+        aliases = f" (also {', '.join(spec.aliases)})" if spec.aliases else ""
+        chat = "" if spec.has_chat_template else "; no chat template: completions only"
+        pinned = "; pinned" if spec.pinned else ""
+        lines.append(f"  model       {spec.name}{aliases}: ~{human_bytes(spec.memory_bytes)}{chat}{pinned}")
+    lines += [f"  web chat    {url}/", f"  try it      {curl_example(url, registry.default_model, has_keys)}"]
+    logger.info("\n".join(lines))

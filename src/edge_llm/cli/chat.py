@@ -257,7 +257,7 @@ class Terminal:
 
 def run_interactive(client: ChatClient, conversation: Conversation, terminal: Terminal) -> int:
     try:
-        model = client.model_name()
+        model = conversation.model or client.model_name()  # the server's first model is its default
     except ChatError as exc:
         sys.stderr.write(f"edge-llm: error: {exc}\n")
         return 1

@@ -1,4 +1,4 @@
-"""Command line: `edge-llm serve | chat | model fetch | model info | bench`."""
+"""Command line: `edge-llm serve | chat | model list | model fetch | model info | bench`."""
 
 from __future__ import annotations
 
@@ -30,10 +30,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     model = commands.add_parser("model", help="fetch or inspect models").add_subparsers(dest="model_command",
                                                                                         required=True)
-    fetch = model.add_parser("fetch", help="download, assemble and verify the default model (idempotent)")
-    fetch.add_argument("--dir", type=Path, default=None,
-                       help=f"where to put it (default: {models_dir()}, where `edge-llm serve` looks: "
-                       f"${MODELS_DIR_ENV}, else $XDG_DATA_HOME/edge-llm/models, else ~/.local/share/edge-llm/models)")
+    where_help = (f"the models directory (default: {models_dir()}, where `edge-llm serve` looks: ${MODELS_DIR_ENV}, "
+                  "else $XDG_DATA_HOME/edge-llm/models, else ~/.local/share/edge-llm/models)")
+    listing = model.add_parser("list", help="the models that can be fetched and those present in the models directory")
+    listing.add_argument("--dir", type=Path, default=None, help=where_help)
+    listing.set_defaults(handler=_model_list)
+    fetch = model.add_parser("fetch", help="download, assemble and verify a catalogued model (idempotent)")
+    fetch.add_argument("names", nargs="*", metavar="NAME",
+                       help="catalogued models to fetch (`edge-llm model list`; default: the default model)")
+    fetch.add_argument("--dir", type=Path, default=None, help="where to put it: " + where_help)
     fetch.set_defaults(handler=_fetch)
     info = model.add_parser("info", help="what a GGUF file holds and the memory it needs (reads the header only)")
     info.add_argument("path", type=Path, nargs="?", default=None,
@@ -93,20 +98,48 @@ def _model_info(args: argparse.Namespace) -> int:
                     n_seq=defaults["parallel"].default + defaults["cache_slots"].default)
 
 
+def _model_list(args: argparse.Namespace) -> int:
+    from edge_llm.models.catalogue import CATALOGUE, catalogue_name_of
+    from edge_llm.models.fetch import DEFAULT_MODEL, is_present
+    from edge_llm.models.gguf_info import human_bytes
+
+    directory = args.dir or models_dir()
+    print(f"catalogue (edge-llm model fetch NAME), into {directory}:")
+    for entry in CATALOGUE:
+        state = "present" if is_present(entry, directory) else "not fetched"
+        default = ", the default" if entry is DEFAULT_MODEL else ""
+        print(f"  {entry.catalogue_name:<38} {human_bytes(entry.size):>10}  {state}{default}")
+        print(f"  {'':<38} {entry.description}")
+    others = sorted(p for p in directory.glob("*.gguf") if p.is_file() and catalogue_name_of(p.name) is None)
+    if others:
+        print(f"other GGUF files in {directory} (served by `edge-llm serve --models-dir {directory}`):")
+        for path in others:
+            print(f"  {path.name.removesuffix('.gguf'):<38} {human_bytes(path.stat().st_size):>10}")
+    return 0
+
+
 def _fetch(args: argparse.Namespace) -> int:
     from edge_llm.cli.progress import ProgressBar
+    from edge_llm.models.catalogue import CATALOGUE, UnknownCatalogueModel, find
     from edge_llm.models.fetch import DEFAULT_MODEL, ModelFileError, fetch
 
     _configure_logging("info")
-    bar = ProgressBar("assembling " + DEFAULT_MODEL.filename, scale=1e6, unit=" MB")
     try:
-        path = fetch(DEFAULT_MODEL, args.dir or models_dir(), progress=bar)
-    except ModelFileError as exc:
-        return _fail(str(exc))
-    finally:
-        bar.close()
-    where = "" if path.absolute() == default_model_path() else f"; serve it with --model {path}"
-    sys.stderr.write(f"model ready: {path} (sha256 verified{where})\n")
+        wanted = [find(name) for name in args.names] or [DEFAULT_MODEL]
+    except UnknownCatalogueModel as exc:
+        names = ", ".join(entry.catalogue_name for entry in CATALOGUE)
+        return _fail(f"no model called {exc.args[0]!r} in the catalogue; it has: {names}")
+    for entry in wanted:
+        bar = ProgressBar("assembling " + entry.filename, scale=1e6, unit=" MB")
+        try:
+            path = fetch(entry, args.dir or models_dir(), progress=bar)
+        except ModelFileError as exc:
+            return _fail(str(exc))
+        finally:
+            bar.close()
+        where = ("" if path.absolute() == default_model_path()
+                 else f"; serve it with --model {path}, or every model there with --models-dir {path.parent}")
+        sys.stderr.write(f"model ready: {path} (sha256 verified{where})\n")
     return 0
 
 
@@ -128,33 +161,27 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _run_server(settings: Settings) -> int:
-    """Listens at once (/healthz 200, /readyz 503 "loading") while the engine thread loads the model."""
+    """Listens at once (/healthz 200; with --model alone /readyz 503 "loading" while the engine thread loads it)."""
     from edge_llm.api.app import create_app
-    from edge_llm.engine.facade import EngineClient
-    from edge_llm.engine.worker import Engine
+    from edge_llm.cli.banner import log_banner, log_models_banner
+    from edge_llm.cli.preflight import memory_budget
+    from edge_llm.registry.setup import build_registry
+    from edge_llm.registry.specs import ModelSpecError
 
-    engine = Engine(
-        _runner_factory(settings),
-        n_ctx=settings.ctx_size,
-        batch_size=settings.batch_size,
-        parallel=settings.parallel,
-        cache_slots=settings.cache_slots,
-        queue_capacity=settings.queue_capacity,
-        request_timeout=settings.request_timeout,
-        keep_text=settings.log_prompts,
-    )
     try:
-        app = create_app(settings, EngineClient(engine))
-    except ValueError as exc:
+        registry = build_registry(settings, _engine_factory(settings), default_budget=memory_budget())
+        app = create_app(settings, registry=registry)
+    except (ModelSpecError, ValueError) as exc:
         return _fail(str(exc))
-    from edge_llm.cli.banner import log_banner
-
-    log_banner(settings)  # "serving ... on URL; loading the model", with quantization, memory, web chat, curl
+    if registry.on_demand:
+        log_models_banner(settings, registry)
+    else:
+        log_banner(settings)  # "serving ... on URL; loading the model", with quantization, memory, web chat, curl
     server = _graceful_server(app, settings)
     try:
         server.run()
     finally:
-        engine.stop()
+        registry.close()
     if not server.started:
         return _fail(f"could not listen on {settings.host}:{settings.port} (is the port in use?)")
     return int(getattr(app.state, "exit_code", 0))
@@ -204,12 +231,36 @@ def _graceful_server(app, settings: Settings):  # type: ignore[no-untyped-def]
     return server
 
 
-def _runner_factory(settings: Settings):  # type: ignore[no-untyped-def]
-    def load():  # type: ignore[no-untyped-def]
-        from edge_llm.engine.llama.runner import ContextConfig, LlamaRunner
+def _engine_factory(settings: Settings):  # type: ignore[no-untyped-def]
+    """Makes one model's engine (not started: the registry starts it, which loads the model)."""
+    from edge_llm.engine.facade import EngineClient
+    from edge_llm.engine.worker import Engine
+    from edge_llm.registry.specs import ModelSpec
 
+    def make(spec: ModelSpec) -> EngineClient:
+        return EngineClient(Engine(
+            _runner_factory(settings, spec.path, spec.name if settings.models_dir is not None else None),
+            n_ctx=settings.ctx_size,
+            batch_size=settings.batch_size,
+            parallel=settings.parallel,
+            cache_slots=settings.cache_slots,
+            queue_capacity=settings.queue_capacity,
+            request_timeout=settings.request_timeout,
+            keep_text=settings.log_prompts,
+        ))
+
+    return make
+
+
+def _runner_factory(settings: Settings, path: Path, log_name: str | None):  # type: ignore[no-untyped-def]
+    def load():  # type: ignore[no-untyped-def]  # on the engine thread
+        from edge_llm.engine.llama.runner import ContextConfig, LlamaRunner
+        from edge_llm.logs import bind_model
+
+        if log_name is not None:
+            bind_model(log_name)  # every line this engine thread logs names its model
         return LlamaRunner(
-            settings.model,
+            path,
             ContextConfig(
                 n_ctx=settings.ctx_size,
                 n_batch=settings.batch_size,

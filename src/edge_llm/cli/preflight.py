@@ -24,11 +24,42 @@ _HEADROOM = 0.9  # leave a tenth of the available memory to everything else
 def preflight(settings: Settings) -> str | None:
     """The first problem that would stop the server, as the line to show; None when all is well.
     Problems that only slow it down are logged as warnings."""
+    if settings.models_dir is not None:
+        return check_models_dir(settings) or check_port(settings.host, settings.port)
     problem = check_model(settings.model) or check_port(settings.host, settings.port)
     if problem is not None:
         return problem
     facts = model_facts(settings.model)
     return check_memory(settings, facts) if facts else None
+
+
+def check_models_dir(settings: Settings) -> str | None:
+    """--models-dir: the directory exists and every model in it (and --model, when given) is a usable GGUF file.
+    Memory is not checked here: the registry loads models within the memory budget."""
+    directory = settings.models_dir
+    assert directory is not None
+    if not directory.expanduser().is_dir():
+        return f"--models-dir {directory} is not a directory"
+    from edge_llm.registry.specs import served_paths
+
+    try:
+        paths = served_paths(settings)
+    except OSError as exc:
+        return f"cannot read --model or --models-dir: {exc}"
+    if not paths:
+        return (f"no GGUF model files (*.gguf) in {directory}: fetch one with `edge-llm model fetch NAME "
+                f"--dir {directory}` or copy one there")
+    for path in paths:
+        problem = check_model(path)
+        if problem is not None:
+            return problem
+    return None
+
+
+def memory_budget() -> int | None:
+    """The default --memory-budget: what the memory check allows one model, for all of them together."""
+    available = available_memory()
+    return None if available is None else int(available * _HEADROOM)
 
 
 def check_model(path: Path) -> str | None:

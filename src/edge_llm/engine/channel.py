@@ -31,6 +31,8 @@ class ReplyChannel:
         self._loop = loop or asyncio.get_running_loop()
         self._queue: asyncio.Queue[tuple[int, EngineEvent]] = asyncio.Queue()
         self.choices = choices
+        # Added to each Finished's timings on the way out: what the engine does not see (the model's load).
+        self.extra_timings: dict[str, float] = {}
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -55,6 +57,8 @@ class ReplyChannel:
             index, event = await self._queue.get()
             if isinstance(event, (Finished, Failed, Embedded)):
                 open_choices -= 1
+                if isinstance(event, Finished) and self.extra_timings:
+                    event.timings.update(self.extra_timings)
             yield index, event
 
     async def __aiter__(self) -> AsyncIterator[EngineEvent]:

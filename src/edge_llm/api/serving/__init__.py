@@ -1,7 +1,9 @@
 """The serving layer: one module per endpoint family, each a `Serving` subclass; `base` holds what they share.
 
-A request goes route (api/routes.py) → its family's serving object → the engine facade
-(edge_llm.engine.facade). A new endpoint family is a new module here, listed in `FAMILIES`, plus its routes.
+A request goes route (api/routes.py) → the model it names (api/model_routing.py) → its family's serving object
+for that model's engine → the engine facade (edge_llm.engine.facade). `models.ModelServing` (/v1/models, load,
+unload) serves the model registry instead. A new endpoint family is a new module here, listed in `FAMILIES`, plus its
+routes.
 """
 
 from __future__ import annotations
@@ -12,20 +14,21 @@ from edge_llm.api.serving.completions import CompletionServing
 from edge_llm.api.serving.embeddings import EmbeddingServing
 from edge_llm.api.serving.infill import InfillServing
 from edge_llm.api.serving.messages import MessagesServing
-from edge_llm.api.serving.models import ModelServing
 from edge_llm.api.serving.responses import ResponsesServing
 from edge_llm.api.serving.tokenization import TokenizationServing
 from edge_llm.config import Settings
 from edge_llm.engine.facade import EngineClient
 
+# The families served by one model's engine; ModelServing (/v1/models, load, unload) serves the registry.
 FAMILIES: tuple[type[Serving], ...] = (ChatServing, MessagesServing, CompletionServing, InfillServing,
-                                       EmbeddingServing, TokenizationServing, ModelServing, ResponsesServing)
+                                       EmbeddingServing, TokenizationServing, ResponsesServing)
 
 
-def build_serving(settings: Settings, engine: EngineClient) -> dict[type[Serving], Serving]:
-    """One serving object per endpoint family, by class (what the routes look up)."""
-    return {family: family(settings, engine) for family in FAMILIES}
+def build_serving(settings: Settings, engine: EngineClient,
+                  names: tuple[str, ...] = ()) -> dict[type[Serving], Serving]:
+    """One serving object per endpoint family for one model's engine, by class (what the routes look up)."""
+    return {family: family(settings, engine, names) for family in FAMILIES}
 
 
 __all__ = ["FAMILIES", "ChatServing", "CompletionServing", "EmbeddingServing", "InfillServing", "MessagesServing",
-           "ModelServing", "ResponsesServing", "Serving", "TokenizationServing", "build_serving"]
+           "ResponsesServing", "Serving", "TokenizationServing", "build_serving"]

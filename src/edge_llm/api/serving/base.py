@@ -12,6 +12,7 @@ import json
 import logging
 import re
 import time
+from contextvars import ContextVar
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -46,6 +47,9 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 BodyModel = TypeVar("BodyModel", bound=BaseModel)
+
+# How long this request waited for its model to load (api/model_routing.py sets it): `timings.load_ms`.
+load_wait_ms: ContextVar[float] = ContextVar("edge_llm_load_wait_ms", default=0.0)
 
 # What may decode to a lone surrogate: a \ud800-\udfff escape, or its UTF-8-style bytes (json.loads decodes
 # bytes with "surrogatepass"). A body with either is checked.
@@ -82,7 +86,9 @@ class Generation:
 class Serving:
     """The base of every endpoint family: the settings, the engine facade and the steps they all take."""
 
-    def __init__(self, settings: Settings, engine: EngineClient) -> None:
+    def __init__(self, settings: Settings, engine: EngineClient, names: tuple[str, ...] = ()) -> None:
+        """`names`: every name of the model (api/model_routing.py resolves them); by default its id, file name
+        and --model-alias."""
         self.settings = settings
         self.engine = engine
         self.defaults = SamplingDefaults(
@@ -92,13 +98,14 @@ class Serving:
             max_tokens=settings.default_max_tokens,
         )
         self.model_id = settings.model_name
+        self.names = names
 
     # ---- the model a request names ---------------------------------------------------------------
 
     @property
     def model_names(self) -> set[str]:
-        names = {self.model_id, self.settings.model.name}
-        if self.settings.model_alias:
+        names = {self.model_id, self.settings.model.name, *self.names}
+        if self.settings.model_alias and not self.names:
             names.add(self.settings.model_alias)
         return names
 
@@ -135,6 +142,8 @@ class Serving:
     def parse(self, model: type[BodyModel], body: dict[str, Any]) -> BodyModel:
         """`body` validated as `model`; unknown top-level fields are ignored and reported (api/params.py), or
         refused with `--strict-params`."""
+        if "keep_alive" in body:  # Ollama's field, accepted in every body: the model router reads it
+            body = {key: value for key, value in body.items() if key != "keep_alive"}
         if not self.settings.strict_params and model.model_config.get("extra") == "forbid":
             body = drop_unknown(model, body)
         try:
@@ -294,6 +303,8 @@ class Serving:
             channel = self.engine.submit(requests)
         except EngineError as exc:
             raise from_engine_error(exc) from None
+        if load_wait_ms.get():
+            channel.extra_timings["load_ms"] = load_wait_ms.get()
         return Generation(requests, channel, [len(p) for p in prompts], [i // n for i in range(choices)])
 
     def abort(self, generation: Generation) -> None:

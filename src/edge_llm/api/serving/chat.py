@@ -50,8 +50,8 @@ class ChatPlan:
 
 
 class ChatServing(Serving):
-    def __init__(self, settings: Settings, engine: EngineClient) -> None:
-        super().__init__(settings, engine)
+    def __init__(self, settings: Settings, engine: EngineClient, names: tuple[str, ...] = ()) -> None:
+        super().__init__(settings, engine, names)
         self._prompt_builder: PromptBuilder | None = None
         self._schema_grammar = functools.lru_cache(maxsize=GRAMMAR_CACHE_SIZE)(self._compile_schema_grammar)
 
@@ -92,9 +92,12 @@ class ChatServing(Serving):
         if self._prompt_builder is None:
             info = self.engine.model_info
             assert info is not None  # the tokenizer thread runs only while the model is loaded
+            if not info.chat_template:
+                raise invalid_request(
+                    f"The model '{self.model_id}' has no chat template (a base model): it cannot take chat messages. "
+                    "Send the text to continue to /v1/completions instead", param="messages",
+                    code="chat_template_missing")
             template = ChatTemplate(info.chat_template, bos_token=info.bos_text, eos_token=info.eos_text)
-            if template.is_fallback:
-                logger.warning("the model has no chat template; using ChatML")
             self._prompt_builder = PromptBuilder(template, self.engine, bos_token=info.bos_token)
         return self._prompt_builder.build(messages, tools=tools, continue_final=continue_final)
 

@@ -1,37 +1,105 @@
-"""GET /v1/models and /v1/models/{id}: the one model this server serves, under each of its names."""
+"""GET /v1/models and /v1/models/{id}: every served model, its state and facts; POST /models/load and
+/models/unload. This family serves the model registry, not one model's engine."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Any
 
-from edge_llm.api.protocol import ModelCard, ModelList
-from edge_llm.api.serving.base import Serving
+from fastapi import Request
+
+from pydantic import ValidationError
+
+from edge_llm.api.errors import APIError, from_pydantic
+from edge_llm.api.model_routing import keep_alive_of, unavailable, unknown_model
+from edge_llm.api.protocol import ModelCard, ModelList, ModelLoadRequest
 from edge_llm.config import Settings
-from edge_llm.engine.facade import EngineClient
+from edge_llm.registry.keep_alive import describe_keep_alive
+from edge_llm.registry.registry import (
+    ModelEntry,
+    ModelRegistry,
+    ModelState,
+    ModelUnavailableError,
+    UnknownModelError,
+)
 
 logger = logging.getLogger(__name__)
 
 
-class ModelServing(Serving):
-    def __init__(self, settings: Settings, engine: EngineClient) -> None:
-        super().__init__(settings, engine)
+class ModelServing:
+    def __init__(self, settings: Settings, registry: ModelRegistry) -> None:
+        self.settings = settings
+        self.registry = registry
         self.created = int(time.time())
 
     def list_models(self) -> ModelList:
-        return ModelList(data=[self.model_card()])
+        return ModelList(data=[self.model_card(entry) for entry in self.registry.entries])
 
     def get_model(self, name: str) -> ModelCard:
-        self.check_model(name)
-        return self.model_card()
+        return self.model_card(self._entry(name))
 
-    def model_card(self) -> ModelCard:
-        meta: dict[str, Any] = {"n_ctx": self.settings.ctx_size, "path": str(self.settings.model)}
-        if self.settings.model_alias:
+    async def load(self, request: Request) -> dict[str, Any]:
+        name, keep_alive = await self._body(request)
+        started = time.monotonic()
+        try:
+            entry = await self.registry.load(name, keep_alive)
+        except UnknownModelError as exc:
+            raise unknown_model(exc) from None
+        except ModelUnavailableError as exc:
+            raise unavailable(exc) from None
+        return {"model": entry.name, "state": entry.state.value,
+                "load_ms": round((time.monotonic() - started) * 1000, 2), "keep_alive": self._keep_alive(entry)}
+
+    async def unload(self, request: Request) -> dict[str, Any]:
+        name, _ = await self._body(request)
+        try:
+            entry = await self.registry.unload(name)
+        except UnknownModelError as exc:
+            raise unknown_model(exc) from None
+        answer: dict[str, Any] = {"model": entry.name, "state": entry.state.value}
+        if entry.state is ModelState.LOADED:
+            answer["unload"] = f"after its {entry.leases} requests in flight end"
+        return answer
+
+    async def _body(self, request: Request) -> tuple[str, Any]:
+        try:
+            body = json.loads(await request.body())
+        except (ValueError, RecursionError):
+            raise APIError(400, "The request body is not valid JSON", code="invalid_json") from None
+        if not isinstance(body, dict):
+            raise APIError(400, "The request body must be a JSON object", code="invalid_json")
+        try:
+            parsed = ModelLoadRequest.model_validate(body)
+        except ValidationError as exc:
+            raise from_pydantic(exc) from None
+        return parsed.model, keep_alive_of(body)
+
+    def _entry(self, name: str) -> ModelEntry:
+        try:
+            return self.registry.resolve(name)
+        except UnknownModelError as exc:
+            raise unknown_model(exc) from None
+
+    @staticmethod
+    def _keep_alive(entry: ModelEntry) -> str:
+        return "pinned (--pin)" if entry.spec.pinned else describe_keep_alive(entry.keep_alive)
+
+    def model_card(self, entry: ModelEntry) -> ModelCard:
+        spec = entry.spec
+        meta: dict[str, Any] = {"n_ctx": self.settings.ctx_size, "path": str(spec.path)}
+        meta.update({key: value for key, value in spec.facts.items() if value is not None})
+        meta.update(keep_alive=self._keep_alive(entry), requests_in_flight=entry.leases)
+        if len(spec.aliases) == 1 and spec.aliases[0] == self.settings.model_alias:
             meta["alias"] = self.settings.model_alias
-        info = self.engine.model_info
+        if entry.loaded_at is not None:
+            meta.update(loaded_at=int(entry.loaded_at), load_seconds=round(entry.load_seconds or 0.0, 2))
+        if entry.error is not None:
+            meta["load_error"] = entry.error
+        info = entry.client.model_info if entry.client is not None and entry.state is ModelState.LOADED else None
         if info is not None:
             meta.update(n_params=info.n_params, size=info.size_bytes, n_ctx_train=info.n_ctx_train,
                         n_vocab=info.n_vocab, description=info.description)
-        return ModelCard(id=self.model_id, created=self.created, meta=meta)
+        return ModelCard(id=spec.name, created=self.created, state=entry.state.value, aliases=list(spec.aliases),
+                         meta=meta)

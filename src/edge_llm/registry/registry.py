@@ -1,0 +1,439 @@
+"""The model registry: model name → its engine (one engine thread per loaded model), loaded on a request's demand,
+unloaded when idle (keep_alive), within a memory budget and a count limit.
+
+Everything here runs on the event loop except `close` (any thread). A request takes a `Lease` on its model for as
+long as it is served (`acquire` … `Lease.release`): a leased model is never unloaded. The first request for an
+unloaded model starts its load; later ones wait on the same load. A load that does not fit first unloads the least
+recently used idle models (budget.py); when only busy or pinned models hold the memory, the request waits for a
+change (a request ending, a model unloading) up to `wait_timeout`, then gets `ModelUnavailableError` naming them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from edge_llm.engine.facade import EngineClient
+from edge_llm.engine.types import EngineStats
+from edge_llm.models.gguf_info import human_bytes
+from edge_llm.registry.budget import Resident, make_room
+from edge_llm.registry.entry import (
+    DEFAULT_KEEP_ALIVE,
+    ModelEntry,
+    ModelState,
+    ModelUnavailableError,
+    UnknownModelError,
+    KeepAliveDefault,
+)
+from edge_llm.registry.specs import ModelSpec
+
+__all__ = ["DEFAULT_KEEP_ALIVE", "EngineFactory", "Lease", "ModelEntry", "ModelRegistry", "ModelState",
+           "ModelUnavailableError", "UnknownModelError"]
+
+logger = logging.getLogger(__name__)
+
+EngineFactory = Callable[[ModelSpec], EngineClient]
+KeepAlive = float | None | KeepAliveDefault  # seconds, None (never unload), or the server's default
+BUSY_RETRY_AFTER = 5  # seconds, the Retry-After of a request refused for memory held by busy models
+
+
+@dataclass(eq=False)
+class Lease:
+    """A request's hold on a loaded model; `release` it when the response is over (idempotent)."""
+
+    registry: ModelRegistry
+    entry: ModelEntry
+    client: EngineClient
+    load_ms: float  # how long the request waited for the model to load (0 when it was loaded)
+    released: bool = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.registry._release(self.entry)
+
+
+class ModelRegistry:
+    def __init__(
+        self,
+        specs: Iterable[ModelSpec],
+        factory: EngineFactory,
+        *,
+        default_model: str,
+        keep_alive: float | None,
+        budget: int | None = None,
+        max_loaded: int | None = None,
+        wait_timeout: float = 30.0,
+        on_demand: bool = True,
+    ) -> None:
+        """`on_demand` False: one model, loaded at start (`start`), whose load failure or death ends the server
+        (`on_fatal`); True: models load on their first request and a load failure is that request's 503."""
+        self._entries = {spec.name: ModelEntry(spec, keep_alive) for spec in specs}
+        self._names = {n: entry for entry in self._entries.values() for n in entry.spec.names}
+        self._factory = factory
+        self.default_model = default_model
+        self.default_keep_alive = keep_alive
+        self.budget = budget
+        self.max_loaded = max_loaded
+        self.wait_timeout = wait_timeout
+        self.on_demand = on_demand
+        self.on_fatal: Callable[[BaseException], None] = lambda error: None
+        # Called with each new engine before it starts (the API sets its observer: metrics, access log).
+        self.prepare: Callable[[ModelSpec, EngineClient], None] = lambda spec, client: None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._changed: asyncio.Event | None = None
+        self._closing = False
+
+    # ---- names ------------------------------------------------------------------------------------
+
+    @property
+    def entries(self) -> list[ModelEntry]:
+        return list(self._entries.values())
+
+    def available(self) -> list[str]:
+        """Every name a request may use, model ids first."""
+        ids = list(self._entries)
+        return ids + [n for e in self._entries.values() for n in e.spec.aliases if n not in ids]
+
+    def resolve(self, name: str | None) -> ModelEntry:
+        entry = self._names.get(name or self.default_model)
+        if entry is None:
+            raise UnknownModelError(name or "", self.available())
+        return entry
+
+    # ---- start and stop -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """On the event loop, before any request: with `on_demand` False the one model starts loading now."""
+        self._loop = asyncio.get_running_loop()
+        self._changed = asyncio.Event()
+        if not self.on_demand:
+            entry = self.resolve(None)
+            room = self._load_if_room(entry)
+            assert room, "one model always fits"
+
+    def close(self) -> None:
+        """Stops every engine (blocking; any thread): what runs ends with an error event, the models are freed."""
+        self._closing = True
+        for entry in self._entries.values():
+            client = entry.client  # loaded, or still loading
+            if client is not None:
+                client.close()
+
+    # ---- a request's model ------------------------------------------------------------------------
+
+    async def acquire(self, name: str | None, keep_alive: KeepAlive = DEFAULT_KEEP_ALIVE) -> Lease:
+        """A lease on the model `name` names (None: the default model), loading it first when it is not loaded.
+        Raises UnknownModelError, ModelUnavailableError."""
+        entry = self.resolve(name)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = started + self.wait_timeout
+        waited_for_load = False
+        entry.waiters += 1
+        try:
+            while True:
+                if self._closing:
+                    raise ModelUnavailableError("The server is shutting down", code="shutting_down", retry_after=5)
+                if entry.state is ModelState.LOADED:
+                    break
+                if entry.state in (ModelState.LOADING, ModelState.UNLOADING):
+                    waited_for_load = waited_for_load or entry.state is ModelState.LOADING
+                    assert entry.task is not None
+                    await asyncio.shield(entry.task)
+                    continue
+                self._check_fits_at_all(entry)
+                room = self._load_if_room(entry)
+                if room:
+                    waited_for_load = True
+                    continue
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise self._busy_error(entry)
+                await self.wait_for_change(remaining)
+        finally:
+            entry.waiters -= 1
+        assert entry.client is not None
+        entry.leases += 1
+        self._cancel_timer(entry)
+        entry.keep_alive = self.default_keep_alive if isinstance(keep_alive, KeepAliveDefault) else keep_alive
+        load_ms = round((loop.time() - started) * 1000, 2) if waited_for_load else 0.0
+        return Lease(self, entry, entry.client, load_ms)
+
+    def _release(self, entry: ModelEntry) -> None:
+        entry.leases -= 1
+        entry.last_used = time.monotonic()
+        if entry.leases == 0:
+            self._schedule_idle(entry)
+        self._notify()
+
+    async def load(self, name: str | None, keep_alive: KeepAlive = DEFAULT_KEEP_ALIVE) -> ModelEntry:
+        """POST /models/load: loaded (or already so); it then stays as `keep_alive` says."""
+        lease = await self.acquire(name, keep_alive)
+        lease.release()
+        return lease.entry
+
+    async def unload(self, name: str | None) -> ModelEntry:
+        """POST /models/unload: unloaded now when idle (pinned or not), else as soon as its requests end."""
+        entry = self.resolve(name)
+        while entry.state is ModelState.LOADING and entry.task is not None:
+            try:
+                await asyncio.shield(entry.task)
+            except ModelUnavailableError:
+                pass
+        if entry.state is ModelState.LOADED:
+            if entry.leases or entry.waiters:
+                entry.unload_when_idle = True
+                logger.info("model %s will unload when its %d requests end", entry.name, entry.leases)
+                return entry
+            self._start_unload(entry, "request")
+        if entry.state is ModelState.UNLOADING and entry.task is not None:
+            await asyncio.shield(entry.task)
+        return entry
+
+    # ---- loading and unloading ----------------------------------------------------------------------
+
+    def _check_fits_at_all(self, entry: ModelEntry) -> None:
+        if self.budget is not None and entry.spec.memory_bytes > self.budget:
+            raise ModelUnavailableError(
+                f"The model '{entry.name}' needs ~{human_bytes(entry.spec.memory_bytes)}, more than the whole memory "
+                f"budget ({human_bytes(self.budget)}; --memory-budget, --ctx-size)", code="model_too_large")
+
+    def _load_if_room(self, entry: ModelEntry) -> bool:
+        """Starts the load, after unloading what must make room; False when busy or pinned models hold it."""
+        residents = [
+            Resident(e.name, e.spec.memory_bytes, self._evictable(e), e.last_used)
+            for e in self._entries.values() if e is not entry and e.holds_memory
+        ]
+        room = make_room(entry.spec.memory_bytes, residents, budget=self.budget, max_loaded=self.max_loaded)
+        if not room.fits:
+            return False
+        unloads = [self._start_unload(self._entries[victim], "evicted") for victim in room.victims]
+        entry.state = ModelState.LOADING
+        entry.error = None
+        assert self._loop is not None
+        entry.task = self._loop.create_task(self._load(entry, unloads), name=f"load {entry.name}")
+        entry.task.add_done_callback(_retrieve_exception)
+        self._notify()
+        return True
+
+    @staticmethod
+    def _evictable(entry: ModelEntry) -> bool:
+        return entry.state is ModelState.LOADED and not entry.leases and not entry.waiters and not entry.pinned
+
+    async def _load(self, entry: ModelEntry, unloads: list[asyncio.Task[None]]) -> None:
+        for unload in unloads:  # their memory is returned before this model takes its own
+            await asyncio.shield(unload)
+        logger.info("loading model %s (~%s)", entry.name, human_bytes(entry.spec.memory_bytes))
+        started = time.monotonic()
+        client: EngineClient | None = None
+        try:
+            client = self._factory(entry.spec)
+            entry.client = client
+            self.prepare(entry.spec, client)
+            client.on_exit(self._exit_handler(entry, client))
+            client.start()
+            await asyncio.to_thread(client.wait_loaded)
+            if not client.loaded:
+                await asyncio.to_thread(client.close)
+                raise ModelUnavailableError(f"The model '{entry.name}' could not be loaded: {client.error}",
+                                            code="model_load_failed")
+            if self._closing:  # close() may have run before this engine existed
+                await asyncio.to_thread(client.close)
+                raise ModelUnavailableError("The server is shutting down", code="shutting_down", retry_after=5)
+        except BaseException as exc:
+            entry.client = None
+            entry.state = ModelState.UNLOADED
+            entry.error = str(exc)
+            logger.error("model %s: %s", entry.name, exc)
+            self._notify()
+            if isinstance(exc, ModelUnavailableError):
+                raise
+            raise ModelUnavailableError(f"The model '{entry.name}' could not be loaded: {exc}",
+                                        code="model_load_failed") from exc
+        entry.state = ModelState.LOADED
+        entry.loads += 1
+        entry.load_seconds = time.monotonic() - started
+        entry.loaded_at = time.time()
+        entry.last_used = time.monotonic()
+        entry.unload_when_idle = False
+        logger.info("model %s loaded in %.1f s", entry.name, entry.load_seconds)
+        if not entry.waiters:  # loaded without a request (start-up, or one that gave up): its keep-alive runs now
+            self._schedule_idle(entry)
+        self._notify()
+
+    def _start_unload(self, entry: ModelEntry, reason: str) -> asyncio.Task[None]:
+        self._cancel_timer(entry)
+        client = entry.client
+        assert client is not None and self._loop is not None
+        entry.state = ModelState.UNLOADING
+        entry.task = self._loop.create_task(self._unload(entry, client, reason), name=f"unload {entry.name}")
+        self._notify()
+        return entry.task
+
+    async def _unload(self, entry: ModelEntry, client: EngineClient, reason: str) -> None:
+        logger.info("unloading model %s (%s)", entry.name, reason)
+        try:
+            await asyncio.to_thread(client.close)  # the engine thread frees the model and its context
+            await asyncio.to_thread(_return_freed_memory)
+        except Exception:  # noqa: BLE001 - the entry must still end up unloaded
+            logger.exception("model %s: error while unloading", entry.name)
+        finally:
+            entry.client = None
+            entry.attachments.clear()
+            entry.state = ModelState.UNLOADED
+            entry.loaded_at = None
+            entry.unloads[reason] += 1
+            logger.info("model %s unloaded (%s)", entry.name, reason)
+            self._notify()
+
+    def _exit_handler(self, entry: ModelEntry, client: EngineClient) -> Callable[[BaseException | None], None]:
+        """Runs on the engine thread when it ends; a death (not a stop) is looked at on the event loop."""
+        loop = self._loop
+        assert loop is not None
+
+        def ended(error: BaseException | None) -> None:
+            if error is not None:
+                try:
+                    loop.call_soon_threadsafe(self._engine_died, entry, client, error)
+                except RuntimeError:
+                    pass  # the event loop is closed
+
+        return ended
+
+    def _engine_died(self, entry: ModelEntry, client: EngineClient, error: BaseException) -> None:
+        """A serving engine's death, or a failed load of the one model served without `on_demand`, ends the server
+        (as with one engine: its state is unknown); a failed load on demand is only its requests' 503 (`_load`)."""
+        serving = entry.client is client and entry.state is ModelState.LOADED
+        if serving or not self.on_demand:
+            self.on_fatal(error)
+
+    # ---- idleness -----------------------------------------------------------------------------------
+
+    def _schedule_idle(self, entry: ModelEntry) -> None:
+        self._cancel_timer(entry)
+        if entry.state is not ModelState.LOADED or entry.leases or entry.waiters or self._closing:
+            return
+        if entry.unload_when_idle:
+            self._start_unload(entry, "request")
+        elif entry.pinned:
+            return
+        elif entry.keep_alive == 0:
+            self._start_unload(entry, "keep_alive")
+        else:
+            assert self._loop is not None and entry.keep_alive is not None
+            entry.timer = self._loop.call_later(entry.keep_alive, self._expire, entry)
+
+    def _expire(self, entry: ModelEntry) -> None:
+        entry.timer = None
+        if self._evictable(entry) and not self._closing:
+            self._start_unload(entry, "idle")
+
+    @staticmethod
+    def _cancel_timer(entry: ModelEntry) -> None:
+        if entry.timer is not None:
+            entry.timer.cancel()
+            entry.timer = None
+
+    # ---- waiting for room ---------------------------------------------------------------------------
+
+    def _notify(self) -> None:
+        """Wakes every request waiting for room: something was released, loaded or unloaded."""
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = asyncio.Event()
+
+    async def wait_for_change(self, timeout: float) -> None:
+        """Returns when a model was loaded, unloaded or released, or after `timeout` seconds."""
+        assert self._changed is not None
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    def _busy_error(self, entry: ModelEntry) -> ModelUnavailableError:
+        holders = [e for e in self._entries.values() if e is not entry and e.holds_memory]
+        held = sum(e.spec.memory_bytes for e in holders)
+
+        def why(e: ModelEntry) -> str:
+            if e.leases:
+                return f"{e.leases} request{'s' if e.leases > 1 else ''} in flight"
+            if e.state is not ModelState.LOADED:
+                return e.state.value
+            return "pinned" if e.pinned else "waited on"
+
+        listing = ", ".join(f"{e.name} (~{human_bytes(e.spec.memory_bytes)}, {why(e)})" for e in holders)
+        limits = []
+        if self.budget is not None:
+            limits.append(f"the memory budget is {human_bytes(self.budget)}, {human_bytes(held)} held")
+        if self.max_loaded is not None:
+            limits.append(f"at most {self.max_loaded} model{'s' if self.max_loaded > 1 else ''} loaded")
+        return ModelUnavailableError(
+            f"No room to load the model '{entry.name}' (~{human_bytes(entry.spec.memory_bytes)}): "
+            f"{'; '.join(limits)}, and the models holding it cannot be unloaded now: {listing}. "
+            f"Retry later, or unload one (POST /models/unload)", code="model_memory_busy",
+            retry_after=BUSY_RETRY_AFTER)
+
+    # ---- health and statistics ----------------------------------------------------------------------
+
+    def loaded_clients(self) -> list[tuple[str, EngineClient]]:
+        return [(e.name, e.client) for e in self._entries.values()
+                if e.state is ModelState.LOADED and e.client is not None]
+
+    def health(self) -> tuple[bool, str]:
+        """(alive, status): alive while no serving engine has died."""
+        for _, client in self.loaded_clients():
+            if not client.alive:
+                return False, "engine_dead" if client.failed else "stopped"
+        if not self.on_demand:
+            entry = self.resolve(None)
+            if entry.error is not None:
+                return False, "engine_dead"
+        return True, "ok"
+
+    def readiness(self) -> tuple[bool, str]:
+        """With one model served from start-up: its engine's readiness ("loading" until it is loaded). Serving on
+        demand: ready while the server accepts work, whatever is loaded (a request loads its model)."""
+        if self._closing:
+            return False, "stopped"
+        if self.on_demand:
+            alive, status = self.health()
+            return (True, "ready") if alive else (False, status)
+        entry = self.resolve(None)
+        if entry.state is ModelState.LOADED and entry.client is not None:
+            return entry.client.readiness()
+        if entry.error is not None:
+            return False, "engine_dead"
+        return (False, "loading") if entry.loads == 0 else (True, "ready")
+
+    def stats(self) -> EngineStats:
+        """Every loaded engine's statistics, summed (the unlabelled metrics)."""
+        total = EngineStats(0, 0, 0, 0, 0)
+        evictions: Counter[str] = Counter()
+        for _, client in self.loaded_clients():
+            s = client.stats()
+            total = EngineStats(total.waiting + s.waiting, total.running + s.running,
+                                total.cached_sequences + s.cached_sequences, total.kv_cells_used + s.kv_cells_used,
+                                total.kv_cells_total + s.kv_cells_total, total.preemptions + s.preemptions)
+            evictions.update(s.evictions)
+        return EngineStats(total.waiting, total.running, total.cached_sequences, total.kv_cells_used,
+                           total.kv_cells_total, total.preemptions, dict(evictions))
+
+
+def _return_freed_memory() -> None:
+    """Hands the heap's free pages back to the system (glibc keeps what small allocations freed, such as a model's
+    vocabulary), so an unloaded model's memory shows as returned; a no-op elsewhere."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _retrieve_exception(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()  # a failed load is reported to its waiters; nobody else needs to hear of it
