@@ -39,7 +39,7 @@ from edge_llm.api.telemetry import EngineTelemetry, RequestRecords
 from edge_llm.api.web import web_router
 from edge_llm.config import Settings
 from edge_llm.engine.facade import EngineClient
-from edge_llm.api.metrics import Metrics, ServerState
+from edge_llm.api.metrics import Metrics, ServedModel, ServerState
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,8 @@ def create_app(
     lifecycle = Lifecycle(engine, settings.drain_timeout)
     engine.set_observer(EngineTelemetry(metrics, records))
     metrics.watch(engine.stats, lambda: ServerState(engine.alive, lifecycle.readiness()[0], lifecycle.draining,
-                                                    lifecycle.in_flight))
+                                                    lifecycle.in_flight),
+                  ServedModel(settings.model_name, prefix_caching=settings.cache_slots > 0))
 
     def fatal() -> None:
         lifecycle.shutdown("the engine stopped", grace=_FATAL_GRACE)

@@ -2,6 +2,10 @@
 
 Counters and histograms are fed by the HTTP middleware and by the engine thread (through
 `edge_llm.api.telemetry`); gauges are read from the engine when /metrics is scraped.
+
+Beside our own names, the gauges routers and autoscalers read are also exported under vLLM's names, with
+vLLM's labels (`model_name`, `engine`), so the Gateway API Inference Extension's endpoint picker, llm-d, the
+vLLM production-stack router and KEDA recipes work without custom configuration (docs/deployment.md).
 """
 
 from __future__ import annotations
@@ -33,6 +37,20 @@ FINISH_REASONS = ("stop", "length", "timeout", "cancelled", "error")
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _TOKEN_GAP_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
 _DURATION_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What the vLLM-named series are labelled with."""
+
+    name: str  # vLLM's `model_name` label: the served model name
+    prefix_caching: bool
+
+
+# vLLM's one engine core is index 0; this server has one engine per process.
+_VLLM_ENGINE = "0"
+# vLLM counts the KV cache in blocks; ours is counted in cells, one token each.
+_VLLM_BLOCK_SIZE = 1
 
 
 @dataclass(frozen=True)
@@ -99,8 +117,10 @@ class Metrics:
         for reason in FINISH_REASONS:
             self.finished.labels(reason)
 
-    def watch(self, engine_stats: Callable[[], EngineStats], server_state: Callable[[], ServerState]) -> None:
+    def watch(self, engine_stats: Callable[[], EngineStats], server_state: Callable[[], ServerState],
+              model: ServedModel) -> None:
         self.registry.register(_LiveCollector(engine_stats, server_state))
+        self.registry.register(_VllmCollector(engine_stats, model))
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
@@ -130,8 +150,7 @@ class _LiveCollector(Collector):
                     "KV-cache cells held by running and cached sequences (a shared prefix counts once).",
                     stats.kv_cells_used)
         yield gauge("edge_llm_kv_cells_total", "KV-cache size in cells (tokens).", stats.kv_cells_total)
-        usage = stats.kv_cells_used / stats.kv_cells_total if stats.kv_cells_total > 0 else 0.0
-        yield gauge("edge_llm_kv_cache_usage_ratio", "Used share of the KV cache (0..1).", usage)
+        yield gauge("edge_llm_kv_cache_usage_ratio", "Used share of the KV cache (0..1).", kv_cache_usage(stats))
         yield CounterMetricFamily("edge_llm_preemptions", "Running sequences put back in the queue to free KV "
                                   "cells (they resume by recomputing).", value=stats.preemptions)
         evictions = CounterMetricFamily("edge_llm_prefix_cache_evictions", "Prefix-cache entries dropped, by reason.",
@@ -144,3 +163,44 @@ class _LiveCollector(Collector):
         yield gauge("edge_llm_engine_alive", "1 while the engine thread runs.", int(state.alive))
         yield gauge("edge_llm_ready", "1 while /readyz answers 200.", int(state.ready))
         yield gauge("edge_llm_draining", "1 while shutting down.", int(state.draining))
+
+
+class _VllmCollector(Collector):
+    """The same gauges under vLLM's names and labels (vllm/v1/metrics/loggers.py), read at scrape time."""
+
+    def __init__(self, engine_stats: Callable[[], EngineStats], model: ServedModel) -> None:
+        self._engine_stats = engine_stats
+        self._model = model
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        stats = self._engine_stats()
+        labels = ["model_name", "engine"]
+        values = [self._model.name, _VLLM_ENGINE]
+
+        def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, documentation, labels=labels)
+            family.add_metric(values, value)
+            return family
+
+        yield gauge("vllm:num_requests_running", "Number of requests in model execution batches "
+                    "(= edge_llm_running_sequences).", stats.running)
+        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed "
+                    "(= edge_llm_queue_depth).", stats.waiting)
+        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage "
+                    "(= edge_llm_kv_cache_usage_ratio).", kv_cache_usage(stats))
+        # vLLM's info metric: a gauge always 1 whose labels carry the cache configuration. Routers read
+        # block_size × num_gpu_blocks as the KV capacity in tokens.
+        info = {"block_size": str(_VLLM_BLOCK_SIZE), "num_gpu_blocks": str(stats.kv_cells_total),
+                "enable_prefix_caching": str(self._model.prefix_caching), "engine": _VLLM_ENGINE}
+        config = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig "
+                                   "(one block is one KV cell: num_gpu_blocks = edge_llm_kv_cells_total).",
+                                   labels=list(info))
+        config.add_metric(list(info.values()), 1)
+        yield config
+
+
+def kv_cache_usage(stats: EngineStats) -> float:
+    return stats.kv_cells_used / stats.kv_cells_total if stats.kv_cells_total > 0 else 0.0
