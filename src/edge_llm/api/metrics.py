@@ -119,8 +119,7 @@ class Metrics:
 
     def watch(self, engine_stats: Callable[[], EngineStats], server_state: Callable[[], ServerState],
               model: ServedModel) -> None:
-        self.registry.register(_LiveCollector(engine_stats, server_state))
-        self.registry.register(_VllmCollector(engine_stats, model))
+        self.registry.register(_LiveCollector(engine_stats, server_state, model))
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
@@ -129,9 +128,11 @@ class Metrics:
 class _LiveCollector(Collector):
     """Gauges (and the engine's own counters) read at scrape time, so the engine thread pays nothing for them."""
 
-    def __init__(self, engine_stats: Callable[[], EngineStats], server_state: Callable[[], ServerState]) -> None:
+    def __init__(self, engine_stats: Callable[[], EngineStats], server_state: Callable[[], ServerState],
+                 model: ServedModel) -> None:
         self._engine_stats = engine_stats
         self._server_state = server_state
+        self._model = model
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return iter(())  # dynamic: never checked for name clashes at registration
@@ -163,43 +164,34 @@ class _LiveCollector(Collector):
         yield gauge("edge_llm_engine_alive", "1 while the engine thread runs.", int(state.alive))
         yield gauge("edge_llm_ready", "1 while /readyz answers 200.", int(state.ready))
         yield gauge("edge_llm_draining", "1 while shutting down.", int(state.draining))
+        yield from _vllm_gauges(stats, self._model)  # from the same snapshot: equal to ours in every scrape
 
 
-class _VllmCollector(Collector):
-    """The same gauges under vLLM's names and labels (vllm/v1/metrics/loggers.py), read at scrape time."""
+def _vllm_gauges(stats: EngineStats, model: ServedModel) -> Iterator[GaugeMetricFamily]:
+    """Our gauges under vLLM's names and labels (vllm/v1/metrics/loggers.py)."""
+    labels = ["model_name", "engine"]
+    values = [model.name, _VLLM_ENGINE]
 
-    def __init__(self, engine_stats: Callable[[], EngineStats], model: ServedModel) -> None:
-        self._engine_stats = engine_stats
-        self._model = model
+    def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(name, documentation, labels=labels)
+        family.add_metric(values, value)
+        return family
 
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        return iter(())
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        stats = self._engine_stats()
-        labels = ["model_name", "engine"]
-        values = [self._model.name, _VLLM_ENGINE]
-
-        def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
-            family = GaugeMetricFamily(name, documentation, labels=labels)
-            family.add_metric(values, value)
-            return family
-
-        yield gauge("vllm:num_requests_running", "Number of requests in model execution batches "
-                    "(= edge_llm_running_sequences).", stats.running)
-        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed "
-                    "(= edge_llm_queue_depth).", stats.waiting)
-        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage "
-                    "(= edge_llm_kv_cache_usage_ratio).", kv_cache_usage(stats))
-        # vLLM's info metric: a gauge always 1 whose labels carry the cache configuration. Routers read
-        # block_size × num_gpu_blocks as the KV capacity in tokens.
-        info = {"block_size": str(_VLLM_BLOCK_SIZE), "num_gpu_blocks": str(stats.kv_cells_total),
-                "enable_prefix_caching": str(self._model.prefix_caching), "engine": _VLLM_ENGINE}
-        config = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig "
-                                   "(one block is one KV cell: num_gpu_blocks = edge_llm_kv_cells_total).",
-                                   labels=list(info))
-        config.add_metric(list(info.values()), 1)
-        yield config
+    yield gauge("vllm:num_requests_running", "Number of requests in model execution batches "
+                "(= edge_llm_running_sequences).", stats.running)
+    yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed "
+                "(= edge_llm_queue_depth).", stats.waiting)
+    yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage "
+                "(= edge_llm_kv_cache_usage_ratio).", kv_cache_usage(stats))
+    # vLLM's info metric: a gauge always 1 whose labels carry the cache configuration. Routers read
+    # block_size × num_gpu_blocks as the KV capacity in tokens.
+    info = {"block_size": str(_VLLM_BLOCK_SIZE), "num_gpu_blocks": str(stats.kv_cells_total),
+            "enable_prefix_caching": str(model.prefix_caching), "engine": _VLLM_ENGINE}
+    config = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig "
+                               "(one block is one KV cell: num_gpu_blocks = edge_llm_kv_cells_total).",
+                               labels=list(info))
+    config.add_metric(list(info.values()), 1)
+    yield config
 
 
 def kv_cache_usage(stats: EngineStats) -> float:
