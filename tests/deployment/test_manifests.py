@@ -74,6 +74,10 @@ SCALED_OBJECT = _resource("keda.sh/v1alpha1", "ScaledObject", _closed({
     "maxReplicaCount": {"type": "integer", "minimum": 1},
     "pollingInterval": {"type": "integer", "minimum": 1},
     "cooldownPeriod": {"type": "integer", "minimum": 0},
+    "advanced": _closed({"horizontalPodAutoscalerConfig": _closed({"behavior": _closed({
+        "scaleDown": _closed({"stabilizationWindowSeconds": {"type": "integer", "minimum": 0, "maximum": 3600}}),
+        "scaleUp": _closed({"stabilizationWindowSeconds": {"type": "integer", "minimum": 0, "maximum": 3600}}),
+    })})}),
     "triggers": {"type": "array", "minItems": 1, "items": _closed({
         "type": {"const": "prometheus"},
         "metadata": _closed({"serverAddress": {"type": "string", "pattern": "^https?://"},
