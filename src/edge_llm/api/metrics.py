@@ -164,34 +164,31 @@ class _LiveCollector(Collector):
         yield gauge("edge_llm_engine_alive", "1 while the engine thread runs.", int(state.alive))
         yield gauge("edge_llm_ready", "1 while /readyz answers 200.", int(state.ready))
         yield gauge("edge_llm_draining", "1 while shutting down.", int(state.draining))
-        yield from _vllm_gauges(stats, self._model)  # from the same snapshot: equal to ours in every scrape
+        yield from _vllm_gauges([(self._model, stats)])  # from the same snapshot: equal to ours in every scrape
 
 
-def _vllm_gauges(stats: EngineStats, model: ServedModel) -> Iterator[GaugeMetricFamily]:
-    """Our gauges under vLLM's names and labels (vllm/v1/metrics/loggers.py)."""
+def _vllm_gauges(models: list[tuple[ServedModel, EngineStats]]) -> Iterator[GaugeMetricFamily]:
+    """Our gauges under vLLM's names and labels (vllm/v1/metrics/loggers.py), a sample per served model. Like
+    vLLM's, `vllm:cache_config_info` carries no model name: a router reads one per server."""
     labels = ["model_name", "engine"]
-    values = [model.name, _VLLM_ENGINE]
-
-    def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
-        family = GaugeMetricFamily(name, documentation, labels=labels)
-        family.add_metric(values, value)
-        return family
-
-    yield gauge("vllm:num_requests_running", "Number of requests in model execution batches "
-                "(= edge_llm_running_sequences).", stats.running)
-    yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed "
-                "(= edge_llm_queue_depth).", stats.waiting)
-    yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage "
-                "(= edge_llm_kv_cache_usage_ratio).", kv_cache_usage(stats))
+    running = GaugeMetricFamily("vllm:num_requests_running", "Number of requests in model execution batches "
+                                "(= edge_llm_running_sequences).", labels=labels)
+    waiting = GaugeMetricFamily("vllm:num_requests_waiting", "Number of requests waiting to be processed "
+                                "(= edge_llm_queue_depth).", labels=labels)
+    usage = GaugeMetricFamily("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage "
+                              "(= edge_llm_kv_cache_usage_ratio).", labels=labels)
     # vLLM's info metric: a gauge always 1 whose labels carry the cache configuration. Routers read
     # block_size × num_gpu_blocks as the KV capacity in tokens.
-    info = {"block_size": str(_VLLM_BLOCK_SIZE), "num_gpu_blocks": str(stats.kv_cells_total),
-            "enable_prefix_caching": str(model.prefix_caching), "engine": _VLLM_ENGINE}
     config = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig "
                                "(one block is one KV cell: num_gpu_blocks = edge_llm_kv_cells_total).",
-                               labels=list(info))
-    config.add_metric(list(info.values()), 1)
-    yield config
+                               labels=["block_size", "num_gpu_blocks", "enable_prefix_caching", "engine"])
+    for model, stats in models:
+        values = [model.name, _VLLM_ENGINE]
+        running.add_metric(values, stats.running)
+        waiting.add_metric(values, stats.waiting)
+        usage.add_metric(values, kv_cache_usage(stats))
+        config.add_metric([str(_VLLM_BLOCK_SIZE), str(stats.kv_cells_total), str(model.prefix_caching), _VLLM_ENGINE], 1)
+    yield from (running, waiting, usage, config)
 
 
 def kv_cache_usage(stats: EngineStats) -> float:
