@@ -274,7 +274,7 @@ class Stream(threading.Thread):
         self.start()
 
     def run(self) -> None:
-        body = chat_body("Write the numbers from 1 to 500, separated by commas.", max_tokens=200)
+        body = chat_body("Write the numbers from 1 to 500, separated by commas.", max_tokens=100)
         try:
             self.outcome = stream_chat(self.url, body, self.request_id, self.started)
         finally:
@@ -288,6 +288,7 @@ class Stream(threading.Thread):
 
 # ---- prefix affinity -------------------------------------------------------------------------------------
 
+SESSIONS = 4  # each first turn, and most turns without affinity, prefill a whole system prompt: keep it short
 WORDS = ("river stone lantern orbit meadow cipher harbor quartz willow ember falcon prism tundra velvet anchor "
          "glacier thistle beacon canyon saffron").split()
 
@@ -295,7 +296,7 @@ WORDS = ("river stone lantern orbit meadow cipher harbor quartz willow ember fal
 def system_prompt(session: str) -> str:
     """A long system prompt of this session's own (no two sessions share more than the chat template's start)."""
     rng = random.Random(session)
-    return f"Session {session}. Keep these notes in mind: " + " ".join(rng.choice(WORDS) for _ in range(260))
+    return f"Session {session}. Keep these notes in mind: " + " ".join(rng.choice(WORDS) for _ in range(200))
 
 
 def follow_up_hit_ratio(balancer: Balancer, sessions: list[str], turns: int, *, sticky: bool) -> float:
@@ -321,11 +322,11 @@ def follow_up_hit_ratio(balancer: Balancer, sessions: list[str], turns: int, *, 
 
 
 def test_session_hashing_keeps_conversations_on_their_prefix_cache(pool: list[Replica], balancer: Balancer) -> None:
-    hashed = follow_up_hit_ratio(balancer, [f"hashed-{n}" for n in range(6)], 3, sticky=True)
-    spread = follow_up_hit_ratio(balancer, [f"spread-{n}" for n in range(6)], 3, sticky=False)
+    hashed = follow_up_hit_ratio(balancer, [f"hashed-{n}" for n in range(SESSIONS)], 3, sticky=True)
+    spread = follow_up_hit_ratio(balancer, [f"spread-{n}" for n in range(SESSIONS)], 3, sticky=False)
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / "load-balancer-prefix-affinity.json").write_text(
-        json.dumps({"replicas": len(pool), "sessions": 6, "turns": 3, "hashed_hit_ratio": round(hashed, 3),
+        json.dumps({"replicas": len(pool), "sessions": SESSIONS, "turns": 3, "hashed_hit_ratio": round(hashed, 3),
                     "spread_hit_ratio": round(spread, 3)}) + "\n")
     print(f"prefix-cache hit ratio of follow-up turns: hashed on X-Session-Id {hashed:.3f}, spread without it {spread:.3f}")
     assert hashed >= 0.9
@@ -361,7 +362,7 @@ def test_a_killed_replica_fails_only_its_own_streams(pool: list[Replica], balanc
     wait_for(lambda: all(stream.started.is_set() for stream in streams), TIMEOUT, "every stream's first token")
     running = {replica.address: replica.running() for replica in pool}
     victim = max(pool, key=lambda replica: running[replica.address])
-    assert running[victim.address] >= 1 and sum(running.values()) == len(streams), running
+    assert running[victim.address] >= 1, running
     victim.process.kill()
     victim.process.wait()
     after = [stream_chat(balancer.url, chat_body(f"After the kill, {n}: name a colour.", max_tokens=4),
@@ -369,7 +370,7 @@ def test_a_killed_replica_fails_only_its_own_streams(pool: list[Replica], balanc
     assert all(outcome.ok for outcome in after), after
     outcomes = [stream.result() for stream in streams]
     upstreams = balancer.upstreams()
-    failed = [outcome for outcome in outcomes if not outcome.ok]
-    assert len(failed) == running[victim.address], outcomes
-    assert all(upstreams[outcome.request_id] == victim.address for outcome in failed), (upstreams, failed)
-    assert all(upstreams[outcome.request_id] != victim.address for outcome in outcomes if outcome.ok)
+    on_victim = [outcome for outcome in outcomes if upstreams[outcome.request_id] == victim.address]
+    elsewhere = [outcome for outcome in outcomes if upstreams[outcome.request_id] != victim.address]
+    assert on_victim and not any(outcome.ok for outcome in on_victim), (on_victim, running)  # all in flight
+    assert all(outcome.ok for outcome in elsewhere), elsewhere
