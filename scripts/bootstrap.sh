@@ -3,8 +3,8 @@
 #   scripts/bootstrap.sh serve [edge-llm serve flags...]
 #   scripts/bootstrap.sh test  [pytest args...]
 # 1. Debian packages that are missing (python3 with venv, a C/C++ toolchain, and for `test` the
-#    chromium the browser test drives): installed with apt-get when running as root, otherwise the
-#    apt-get command to run is printed and the script exits 1.
+#    chromium the browser test drives and the nginx the load-balancer test runs): installed with apt-get
+#    when running as root, otherwise the apt-get command to run is printed and the script exits 1.
 # 2. The virtualenv .venv with the pinned dependencies (llama-cpp-python is built from source).
 # 3. The default model, in the per-user data directory (`edge-llm model fetch`; idempotent); for `test` also
 #    gemma-3-270m, the second catalogued model.
@@ -20,6 +20,7 @@ esac
 
 python="${PYTHON:-python3}"
 chromium="${EDGE_LLM_TEST_CHROMIUM:-/usr/bin/chromium}"
+nginx="${EDGE_LLM_TEST_NGINX:-/usr/sbin/nginx}"
 
 missing_packages() {
   local packages=()
@@ -33,6 +34,9 @@ missing_packages() {
   done
   if [ "$action" = test ] && [ ! -x "$chromium" ]; then
     packages+=(chromium)
+  fi
+  if [ "$action" = test ] && [ ! -x "$nginx" ]; then
+    packages+=(nginx)
   fi
   echo "${packages[@]}"
 }

@@ -40,7 +40,7 @@ from edge_llm.api.telemetry import EngineTelemetry, RequestRecords
 from edge_llm.api.web import web_router
 from edge_llm.config import Settings
 from edge_llm.engine.facade import EngineClient
-from edge_llm.api.metrics import Metrics, ModelSample, ServerState
+from edge_llm.api.metrics import Metrics, ModelSample, ServedModel, ServerState
 from edge_llm.registry.registry import ModelRegistry, ModelState
 
 logger = logging.getLogger(__name__)
@@ -81,8 +81,11 @@ def create_app(
     records = RequestRecords()
     lifecycle = Lifecycle(registry, settings.drain_timeout)
     registry.prepare = lambda spec, client: client.set_observer(EngineTelemetry(metrics, records, spec.name))
-    metrics.watch(registry.stats, lambda: ServerState(registry.health()[0], lifecycle.readiness()[0],
-                                                      lifecycle.draining, lifecycle.in_flight))
+    prefix_caching = settings.cache_slots > 0
+    metrics.watch(lambda: [(ServedModel(name, prefix_caching), client.stats())
+                           for name, client in registry.loaded_clients()],
+                  lambda: ServerState(registry.health()[0], lifecycle.readiness()[0], lifecycle.draining,
+                                      lifecycle.in_flight))
     metrics.watch_models(lambda: _model_samples(registry))
 
     def fatal() -> None:

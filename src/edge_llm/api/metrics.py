@@ -1,8 +1,13 @@
 """Prometheus metrics, in a registry of their own per app (never the process-global one).
 
 Counters and histograms are fed by the HTTP middleware and by the engine thread (through
-`edge_llm.api.telemetry`); gauges are read from the engine when /metrics is scraped. The unlabelled engine
+`edge_llm.api.telemetry`); gauges are read from the engines when /metrics is scraped. The unlabelled engine
 series are the server's totals over every loaded model; the `edge_llm_model_*` series carry a `model` label.
+
+Beside our own names, the gauges routers and autoscalers read are also exported under vLLM's names, with
+vLLM's labels (`model_name`, `engine`), a sample per loaded model, so the Gateway API Inference Extension's
+endpoint picker, llm-d, the vLLM production-stack router and KEDA recipes work without custom configuration
+(docs/deployment.md).
 """
 
 from __future__ import annotations
@@ -35,6 +40,20 @@ FINISH_REASONS = ("stop", "length", "timeout", "cancelled", "error")
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _TOKEN_GAP_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
 _DURATION_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What the vLLM-named series are labelled with."""
+
+    name: str  # vLLM's `model_name` label: the served model name
+    prefix_caching: bool
+
+
+# vLLM's one engine core is index 0; this server has one engine per process.
+_VLLM_ENGINE = "0"
+# vLLM counts the KV cache in blocks; ours is counted in cells, one token each.
+_VLLM_BLOCK_SIZE = 1
 
 
 @dataclass(frozen=True)
@@ -111,8 +130,11 @@ class Metrics:
     def watch_models(self, models: Callable[[], list[ModelSample]]) -> None:
         self.registry.register(_ModelCollector(models))
 
-    def watch(self, engine_stats: Callable[[], EngineStats], server_state: Callable[[], ServerState]) -> None:
-        self.registry.register(_LiveCollector(engine_stats, server_state))
+    def watch(self, engines: Callable[[], list[tuple[ServedModel, EngineStats]]],
+              server_state: Callable[[], ServerState]) -> None:
+        """`engines`: each loaded model's engine snapshot; our unlabelled series are their sum and the vLLM-named
+        ones a sample per model, from the same snapshots, so the two agree in every scrape."""
+        self.registry.register(_LiveCollector(engines, server_state))
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
@@ -175,15 +197,17 @@ class _ModelCollector(Collector):
 class _LiveCollector(Collector):
     """Gauges (and the engine's own counters) read at scrape time, so the engine thread pays nothing for them."""
 
-    def __init__(self, engine_stats: Callable[[], EngineStats], server_state: Callable[[], ServerState]) -> None:
-        self._engine_stats = engine_stats
+    def __init__(self, engines: Callable[[], list[tuple[ServedModel, EngineStats]]],
+                 server_state: Callable[[], ServerState]) -> None:
+        self._engines = engines
         self._server_state = server_state
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return iter(())  # dynamic: never checked for name clashes at registration
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        stats = self._engine_stats()
+        engines = self._engines()
+        stats = EngineStats.total([snapshot for _, snapshot in engines])
         state = self._server_state()
 
         def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
@@ -196,8 +220,7 @@ class _LiveCollector(Collector):
                     "KV-cache cells held by running and cached sequences (a shared prefix counts once).",
                     stats.kv_cells_used)
         yield gauge("edge_llm_kv_cells_total", "KV-cache size in cells (tokens).", stats.kv_cells_total)
-        usage = stats.kv_cells_used / stats.kv_cells_total if stats.kv_cells_total > 0 else 0.0
-        yield gauge("edge_llm_kv_cache_usage_ratio", "Used share of the KV cache (0..1).", usage)
+        yield gauge("edge_llm_kv_cache_usage_ratio", "Used share of the KV cache (0..1).", kv_cache_usage(stats))
         yield CounterMetricFamily("edge_llm_preemptions", "Running sequences put back in the queue to free KV "
                                   "cells (they resume by recomputing).", value=stats.preemptions)
         evictions = CounterMetricFamily("edge_llm_prefix_cache_evictions", "Prefix-cache entries dropped, by reason.",
@@ -210,3 +233,34 @@ class _LiveCollector(Collector):
         yield gauge("edge_llm_engine_alive", "1 while the engine thread runs.", int(state.alive))
         yield gauge("edge_llm_ready", "1 while /readyz answers 200.", int(state.ready))
         yield gauge("edge_llm_draining", "1 while shutting down.", int(state.draining))
+        yield from _vllm_gauges(engines)  # from the same snapshots: equal to ours in every scrape
+
+
+def _vllm_gauges(models: list[tuple[ServedModel, EngineStats]]) -> Iterator[GaugeMetricFamily]:
+    """Our gauges under vLLM's names and labels (vllm/v1/metrics/loggers.py), a sample per loaded model.
+    `vllm:cache_config_info` also carries `model_name` (vLLM's has none: it serves one model), so that two models
+    with the same KV size are two samples, not a duplicate."""
+    labels = ["model_name", "engine"]
+    running = GaugeMetricFamily("vllm:num_requests_running", "Number of requests in model execution batches "
+                                "(= edge_llm_running_sequences).", labels=labels)
+    waiting = GaugeMetricFamily("vllm:num_requests_waiting", "Number of requests waiting to be processed "
+                                "(= edge_llm_queue_depth).", labels=labels)
+    usage = GaugeMetricFamily("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage "
+                              "(= edge_llm_kv_cache_usage_ratio).", labels=labels)
+    # vLLM's info metric: a gauge always 1 whose labels carry the cache configuration. Routers read
+    # block_size × num_gpu_blocks as the KV capacity in tokens.
+    config = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig "
+                               "(one block is one KV cell: num_gpu_blocks = edge_llm_kv_cells_total).",
+                               labels=["model_name", "block_size", "num_gpu_blocks", "enable_prefix_caching", "engine"])
+    for model, stats in models:
+        values = [model.name, _VLLM_ENGINE]
+        running.add_metric(values, stats.running)
+        waiting.add_metric(values, stats.waiting)
+        usage.add_metric(values, kv_cache_usage(stats))
+        config.add_metric([model.name, str(_VLLM_BLOCK_SIZE), str(stats.kv_cells_total), str(model.prefix_caching),
+                           _VLLM_ENGINE], 1)
+    yield from (running, waiting, usage, config)
+
+
+def kv_cache_usage(stats: EngineStats) -> float:
+    return stats.kv_cells_used / stats.kv_cells_total if stats.kv_cells_total > 0 else 0.0

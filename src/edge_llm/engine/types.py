@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -117,6 +119,28 @@ class EngineStats:
     kv_cells_total: int
     preemptions: int = 0  # since start: running sequences put back in the queue to free KV cells
     evictions: dict[str, int] = field(default_factory=dict)  # since start: prefix-cache entries dropped, by reason
+
+    @staticmethod
+    def total(snapshots: Sequence[EngineStats]) -> EngineStats:
+        """Several engines' snapshots summed field by field: numbers added, per-key counts merged, per-position
+        counts added position by position (the server's totals over every loaded model)."""
+        if not snapshots:
+            return EngineStats(0, 0, 0, 0, 0)
+        values: dict[str, Any] = {}
+        for f in fields(EngineStats):
+            parts = [getattr(s, f.name) for s in snapshots]
+            if isinstance(parts[0], dict):
+                merged: dict[str, int] = {}
+                for part in parts:
+                    for key, count in part.items():
+                        merged[key] = merged.get(key, 0) + count
+                values[f.name] = merged
+            elif isinstance(parts[0], tuple):
+                width = max(len(p) for p in parts)
+                values[f.name] = tuple(sum(p[i] for p in parts if i < len(p)) for i in range(width))
+            else:
+                values[f.name] = sum(parts)
+        return EngineStats(**values)
 
 
 # What flows back on a request's reply channel, in order: TextDelta*, then Finished or Failed.

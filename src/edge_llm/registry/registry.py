@@ -14,7 +14,6 @@ import asyncio
 import ctypes
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -413,16 +412,7 @@ class ModelRegistry:
 
     def stats(self) -> EngineStats:
         """Every loaded engine's statistics, summed (the unlabelled metrics)."""
-        total = EngineStats(0, 0, 0, 0, 0)
-        evictions: Counter[str] = Counter()
-        for _, client in self.loaded_clients():
-            s = client.stats()
-            total = EngineStats(total.waiting + s.waiting, total.running + s.running,
-                                total.cached_sequences + s.cached_sequences, total.kv_cells_used + s.kv_cells_used,
-                                total.kv_cells_total + s.kv_cells_total, total.preemptions + s.preemptions)
-            evictions.update(s.evictions)
-        return EngineStats(total.waiting, total.running, total.cached_sequences, total.kv_cells_used,
-                           total.kv_cells_total, total.preemptions, dict(evictions))
+        return EngineStats.total([client.stats() for _, client in self.loaded_clients()])
 
 
 def _return_freed_memory() -> None:
