@@ -142,6 +142,7 @@ def _run_server(settings: Settings) -> int:
         queue_capacity=settings.queue_capacity,
         request_timeout=settings.request_timeout,
         keep_text=settings.log_prompts,
+        speculative=settings.speculative == "ngram",
     )
     try:
         app = create_app(settings, EngineClient(engine))
