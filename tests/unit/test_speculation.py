@@ -287,3 +287,4 @@ def test_engine_stats_count_drafts() -> None:
     assert stats.accepted_tokens == done.timings["draft_n_accepted"] > 0
     assert sum(stats.drafted_by_position) == stats.drafted_tokens
     assert sum(stats.accepted_by_position) == stats.accepted_tokens
+

@@ -27,9 +27,11 @@ if TYPE_CHECKING:
     from edge_llm.engine.sequence import Sequence
     from edge_llm.engine.step_plan import StepPlan
 
-# The cost of one more batch row relative to the fixed cost of a decode step (measured on the default model on
-# 2 cores: see benchmarks/README.md, speculative decoding).
-ROW_COST = 0.1
+# The cost of one more batch row relative to the fixed cost of a decode step, measured on the default model on 2
+# cores (benchmarks/README.md, speculative decoding). A constant, not measured as the engine runs: the drafts, and
+# so the batches, must follow from the tokens alone, or a request that runs alone would not repeat its answer
+# (docs/architecture.md, Repeatability).
+ROW_COST = 0.15
 MAX_DRAFT = 16  # draft tokens a sequence verifies in one step at most
 MAX_DRAFT_ROWS = 32  # draft tokens in one step at most
 STATS_POSITIONS = MAX_DRAFT
