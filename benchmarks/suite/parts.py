@@ -29,7 +29,7 @@ from .measure import wait_for_quiet
 from .plan import REPO, RESULTS, THREADS, Plan
 from .real_client import CLIENTS, PREFIX_RULES, QUESTIONS, SEED, TEMPERATURE, run_real_client
 from .run import git_commit
-from .speculative import NGRAM, OFF, PEER_FLAGS, run_speculative, speculative_markdown, speculative_targets
+from .speculative import NGRAM, OFF, PEER_FLAGS, row_costs, run_speculative, speculative_markdown, speculative_targets
 from .speculative import PEER as SPECULATIVE_PEER
 from .structured import (
     ANSWER_TOKENS,
@@ -156,6 +156,8 @@ def run_speculative_part(args: argparse.Namespace, plan: Plan, model: Path, bina
         results["targets"] = speculative_targets(results)
         write_part(args.out, "speculative", results)
 
+    wait_for_quiet("row costs", plan.quiet_wait_s)
+    results["row_cost"] = row_costs(model)
     with ExitStack() as stack:
         found: dict[str, tuple[str, int]] = {}
         for name, mode in ((OFF, "off"), (NGRAM, "ngram")):

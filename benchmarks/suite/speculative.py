@@ -12,12 +12,13 @@ import logging
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from .measure import measure_quietly
-from .plan import Plan
+from .plan import THREADS, Plan
 from .report import fmt, pct, target
 
 logger = logging.getLogger(__name__)
@@ -163,6 +164,53 @@ def run_speculative(servers: dict[str, tuple[str, int]], plan: Plan,
     return runs
 
 
+def row_costs(model: Path, sequences: tuple[int, ...] = (1, 4), extra: tuple[int, ...] = (0, 1, 2, 4, 8, 16),
+              repeats: int = 7) -> dict[str, Any]:
+    """In process, through the engine's runner with the server's context settings: the time of a decode step of
+    `b` sequences' next tokens plus `k` more rows with logits (drafts), medians of `repeats`, and the row cost it
+    implies (engine/speculation.py ROW_COST: a row's time / the step's fixed time, fitted by least squares)."""
+    from edge_llm.engine.llama.runner import ContextConfig, LlamaRunner
+    from edge_llm.engine.step_plan import KvTrim, StepPlan
+
+    runner = LlamaRunner(model, ContextConfig(n_ctx=8192, n_batch=512, n_seq_max=16, n_threads=THREADS,
+                                              n_threads_batch=THREADS))
+    prompt = runner.tokenize(SOURCE, add_special=False, parse_special=False)[:200]
+    steps: dict[str, dict[str, float]] = {}
+    try:
+        for b in sequences:
+            prefill = StepPlan()
+            for seq in range(b):
+                for position, token in enumerate(prompt):
+                    prefill.add(token, position, seq, False)
+                runner.decode(prefill)
+                prefill = StepPlan()
+            steps[str(b)] = {}
+            for k in extra:
+                times = []
+                for _ in range(repeats):
+                    plan = StepPlan()
+                    for seq in range(b):
+                        plan.add(prompt[0], len(prompt), seq, True)
+                    for offset in range(k):
+                        plan.add(prompt[offset % len(prompt)], len(prompt) + 1 + offset, 0, True)
+                    started = time.perf_counter()
+                    runner.decode(plan)
+                    times.append(time.perf_counter() - started)
+                    runner.apply_kv_ops([KvTrim(seq, len(prompt)) for seq in range(b)])
+                steps[str(b)][str(k)] = statistics.median(times) * 1000
+    finally:
+        runner.close()
+    fits = {}
+    for b, by_rows in steps.items():
+        xs, ys = [float(k) for k in by_rows], list(by_rows.values())
+        mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+        per_row = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs)
+        fixed = mean_y - per_row * mean_x  # the step of b rows without drafts
+        # the model: a step of N rows takes F (1 + row_cost N); here N = b + k
+        fits[b] = {"per_row_ms": per_row, "step_ms": fixed, "row_cost": per_row / (fixed - per_row * int(b))}
+    return {"step_ms": steps, "fits": fits}
+
+
 # ---- ratios, targets, Markdown (pure) ----------------------------------------------------------------------
 
 
@@ -226,6 +274,16 @@ def speculative_markdown(results: dict[str, Any]) -> str:
                     f"{fmt(ratio(runs, server, workload, clients, 'aggregate_tok_s'), digits=2)} | "
                     f"{share(run.get('acceptance'))} | "
                     f"{f'{same[0]}/{same[1]}' if same else ''} | {pct(run.get('neighbour_cpu'))} |")
+    costs = results.get("row_cost")
+    if costs:
+        lines += ["", "What a draft row costs (in process, decode steps of b sequences plus k rows with logits, ms, "
+                  "medians):", "", "| b | " + " | ".join(f"k={k}" for k in next(iter(costs["step_ms"].values())))
+                  + " | ms a row | row cost (a row / the fixed part) |",
+                  "|---:|" + "---:|" * (len(next(iter(costs["step_ms"].values()))) + 2)]
+        for b, by_rows in costs["step_ms"].items():
+            fit = costs["fits"][b]
+            lines.append(f"| {b} | " + " | ".join(fmt(v) for v in by_rows.values())
+                         + f" | {fmt(fit['per_row_ms'], digits=2)} | {fmt(fit['row_cost'], digits=3)} |")
     lines += ["", "| target | value | bound | met |", "|---|---:|---:|---|"]
     for check in results.get("targets") or speculative_targets(results):
         verdict = {True: "yes", False: "**no**", None: "–"}[check["pass"]]

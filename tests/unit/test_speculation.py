@@ -21,7 +21,7 @@ from .test_engine import EOG, TIMEOUT, FakeRunner, collect, last, submit, text_o
 
 
 def test_drafter_proposes_what_followed_the_latest_earlier_occurrence() -> None:
-    drafter = NgramDrafter()
+    drafter = NgramDrafter(sizes=(4, 3, 2))
     drafter.extend([1, 2, 3, 4, 5, 6, 9, 9, 1, 2, 3, 4])
     assert drafter.propose(3) == Draft((5, 6, 9), 4)
     assert drafter.propose(10) == Draft((5, 6, 9, 9, 1, 2, 3, 4), 4)  # up to the end of the history

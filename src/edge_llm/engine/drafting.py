@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-NGRAM_SIZES = (4, 3, 2)  # the longest matching one wins
+NGRAM_SIZES = (8, 5, 3, 2)  # the longest matching one wins
 
 
 @dataclass(frozen=True)

@@ -145,6 +145,9 @@ class InfillServing(Serving):
                 "predicted_per_second": predicted / (predicted_ms / 1000) if predicted_ms else 0.0,
             },
         }
+        for key in ("draft_n", "draft_n_accepted"):  # speculative decoding, as llama-server reports it
+            if key in timings:
+                result["timings"][key] = timings[key]
         if not body.response_fields:
             return result
         selected = _select(result, body.response_fields)
