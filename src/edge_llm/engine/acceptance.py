@@ -6,7 +6,10 @@ the row of that draft token holds exactly the logits the sampler would see after
 from there, and so on. What comes out is the longest agreeing prefix of the draft plus one token of the sampler's
 own (the correction, or a bonus when the whole draft was right): the tokens plain decoding would have produced,
 one step each, given the same logits. The sampler accepts each drawn token as it goes (a grammar advances over
-them), and never sees a token it did not draw.
+them), and never sees a token it did not draw. A sampling sampler draws once per emitted token, as without a
+draft, so its output distribution (and a seeded request's draws) are unchanged: drawing x from p and keeping it
+while x equals the draft token d is speculative sampling's acceptance rule for a one-guess draft (accept d with
+probability p(d), else take a token from p without d).
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ class Sequence:
     # reaches its new start: llama.cpp only appends a sequence's next positions.
     reuse_min: int = 0  # the shortest chunk worth moving; 0: none is
     moved: MovedChunk | None = None
-    # With speculative decoding (greedy requests): its n-gram drafter, acceptance rates and the draft in flight.
+    # With speculative decoding: its n-gram drafter, acceptance rates and the draft in flight.
     speculation: Speculation | None = None
 
     def known_tokens(self) -> list[int]:

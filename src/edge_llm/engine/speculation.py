@@ -11,8 +11,11 @@ their worth while each is worth more than the tokens per cost the step already m
 keep failing (free prose) stops drafting, a sequence whose drafts are accepted drafts longer, and a batch full of
 sequences (where a row's cost is shared by more tokens) drafts only the surest guesses.
 
-Only greedy requests speculate: verifying a draft against the greedy pick keeps the output the same; sampled
-requests (temperature > 0) decode as before.
+Sampled requests (temperature > 0) speculate too, and their output distribution is unchanged: for a draft that is
+one guess (a point mass q), the standard speculative-sampling rule — accept the draft token d with probability
+min(1, p(d) / q(d)) = p(d), else draw from the residual p without d, renormalised — is the same as drawing from p
+and comparing with d, which is what verification does (engine/acceptance.py), one draw of the request's own
+sampler and seed per emitted token, as without drafts.
 """
 
 from __future__ import annotations

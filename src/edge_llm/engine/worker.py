@@ -61,7 +61,7 @@ class Engine:
         self.request_timeout = request_timeout
         self.observer = observer
         self._keep_text = keep_text
-        self.speculative = speculative  # greedy requests draft by prompt lookup (engine/speculation.py)
+        self.speculative = speculative  # requests draft by prompt lookup (engine/speculation.py)
         self._scheduler = Scheduler(n_ctx=n_ctx, batch_size=batch_size, parallel=parallel, cache_slots=cache_slots)
         self.queue_capacity = queue_capacity
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
@@ -329,8 +329,7 @@ class Engine:
             active.sampler = self.runner.new_sampler(request.sampling)
             active.sequence = self._scheduler.add(request.request_id, request.prompt_tokens, request.max_tokens,
                                                   use_cache=request.cache_prompt, reuse_min=request.reuse_min,
-                                                  speculative=self.speculative and request.speculative
-                                                  and request.sampling.greedy)
+                                                  speculative=self.speculative and request.speculative)
         except Exception as exc:  # noqa: BLE001
             with self._lock:
                 self._waiting_ids.discard(request.request_id)
