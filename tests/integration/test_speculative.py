@@ -81,7 +81,7 @@ def test_greedy_answers_with_drafts_are_the_answers_without(repeatable_server: R
             assert drafted["choices"][0]["message"]["content"] == plain["choices"][0]["message"]["content"]
         assert "draft_n" not in plain["timings"]
         if index < 2:
-            accepted_on_code += drafted["timings"]["draft_n_accepted"]
+            accepted_on_code += drafted["timings"].get("draft_n_accepted", 0)
     assert accepted_on_code > 100, "the code edits were barely drafted"
     after = scrape(repeatable_server)
     drafted_tokens = metric(after, "edge_llm_speculative_drafted_tokens_total") - \
@@ -113,5 +113,5 @@ def test_stop_strings_grammar_and_opt_out_with_drafts(repeatable_server: Running
     # opting out
     opted_out = chat(repeatable_server, PROMPTS[0], speculative=False, max_tokens=20)
     assert "draft_n" not in opted_out["timings"]
-    sampled = chat(repeatable_server, PROMPTS[0], temperature=0.7, seed=1, max_tokens=20)
+    sampled = chat(repeatable_server, PROMPTS[0], temperature=0.7, seed=1, max_tokens=60)
     assert "draft_n" in sampled["timings"]  # sampled requests speculate too (the same distribution)

@@ -432,7 +432,7 @@ class Engine:
             timings["preemptions"] = sequence.preemptions
             timings["recompute_ms"] = round(active.recompute_s * 1000, 2)
             timings["preempted_after_tokens"] = sequence.generated_at_first_preemption
-        if sequence.speculation is not None:  # llama-server's names
+        if sequence.speculation is not None and sequence.speculation.drafted:  # llama-server's names, as it does
             timings["draft_n"] = sequence.speculation.drafted
             timings["draft_n_accepted"] = sequence.speculation.accepted
         usage = Usage(len(sequence.prompt), sequence.generated, sequence.cached_tokens)
