@@ -107,7 +107,7 @@ def test_allocation_respects_room_and_the_draft_length() -> None:
     lengths = allocate([(sure, Draft((1, 2, 3), 4)), (sure, Draft(tuple(range(16)), 4))], decode_rows=2, room=5,
                        row_cost=0.0)
     assert sum(lengths) == 5 and lengths[0] <= 3
-    many = [(sure, Draft(tuple(range(16)), 4)) for _ in range(4)]
+    many = [(sure, Draft(tuple(range(32)), 4)) for _ in range(4)]
     assert sum(allocate(many, decode_rows=4, room=1000, row_cost=0.0)) == MAX_DRAFT_ROWS
     assert allocate([(sure, Draft((), 4))], decode_rows=1, room=10) == [0]
 

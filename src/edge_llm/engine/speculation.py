@@ -35,8 +35,8 @@ if TYPE_CHECKING:
 # so the batches, must follow from the tokens alone, or a request that runs alone would not repeat its answer
 # (docs/architecture.md, Repeatability).
 ROW_COST = 0.15
-MAX_DRAFT = 16  # draft tokens a sequence verifies in one step at most
-MAX_DRAFT_ROWS = 32  # draft tokens in one step at most
+MAX_DRAFT = 32  # draft tokens a sequence verifies in one step at most
+MAX_DRAFT_ROWS = 64  # draft tokens in one step at most
 STATS_POSITIONS = MAX_DRAFT
 # Acceptance is estimated per n-gram size with exponential forgetting: the last ~10 verified positions count.
 DECAY = 0.9
