@@ -22,7 +22,7 @@ from collections import OrderedDict, deque
 from edge_llm.engine.kv_ledger import KvLedger
 from edge_llm.engine.step_plan import KvCopy, KvCopyRange, KvOp, KvRemove, KvShift, KvTrim, StepPlan
 from edge_llm.engine.sequence import CacheEntry, MovedChunk, Phase, Sequence
-from edge_llm.engine.speculation import ROW_COST, Speculation, SpeculationStats, lay_out_drafts
+from edge_llm.engine.speculation import ROW_COST, Speculation, SpeculationStats, lay_out_drafts, row_cost_at
 from edge_llm.engine.token_match import common_prefix_length, moved_chunk
 
 MAX_PREEMPTIONS = 3
@@ -167,7 +167,7 @@ class Scheduler:
         # cost a whole token's time). Their cells are free ones, freed again before anything else is laid out.
         if not any(s.phase is Phase.PREFILL and s.leader is None for s in self.running):
             room = min(self.batch_size - len(plan.tokens), self.free_cells)
-            for sequence, length in lay_out_drafts(plan, room, self.draft_row_cost):
+            for sequence, length in lay_out_drafts(plan, room, row_cost_at(self.draft_row_cost, self.ledger.used)):
                 self.ledger.grow(sequence.seq_id, length)
         room = self.batch_size - len(plan.tokens)
         for sequence in self.running:
