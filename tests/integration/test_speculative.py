@@ -96,7 +96,7 @@ def test_greedy_answers_with_drafts_are_the_answers_without(repeatable_server: R
 def test_stop_strings_grammar_and_opt_out_with_drafts(repeatable_server: RunningServer,
                                                       plain_server: RunningServer) -> None:
     # a stop string inside text the drafts copy from the prompt
-    stop = chat(repeatable_server, PROMPTS[0], stop=["def items_by_count"])
+    stop = chat(repeatable_server, PROMPTS[0], stop=["def items_by_count"], max_tokens=400)
     assert stop["choices"][0]["finish_reason"] == "stop"
     assert "items_by_count" not in stop["choices"][0]["message"]["content"]
     assert "def total_quantity" in stop["choices"][0]["message"]["content"]
