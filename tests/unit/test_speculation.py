@@ -327,3 +327,14 @@ def test_engine_stats_count_drafts() -> None:
     assert sum(stats.drafted_by_position) == stats.drafted_tokens
     assert sum(stats.accepted_by_position) == stats.accepted_tokens
 
+
+
+def test_followers_sharing_a_prompt_each_draft_their_own_answer() -> None:
+    script = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 5, 6, 7, 8, EOG]
+    other = [9, 10, 11, 12, 13, 14, 5, 6, 7, 8, 9, 10, EOG]
+    runner = FakeRunner({1: script, 2: other})
+    results = run(make_engine(runner, parallel=2), greedy("a", 1), greedy("b", 2))
+    for events, expected in zip(results, (script, other)):
+        assert text_of(events) == "".join(f"<{t}>" for t in expected if t != EOG)
+        assert last(events).timings["draft_n_accepted"] > 0
+    assert any(len({s for s in plan.seq_ids}) == 2 and len(plan.tokens) > 2 for plan in runner.plans)
