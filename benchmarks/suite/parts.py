@@ -156,8 +156,9 @@ def run_speculative_part(args: argparse.Namespace, plan: Plan, model: Path, bina
         results["targets"] = speculative_targets(results)
         write_part(args.out, "speculative", results)
 
-    wait_for_quiet("row costs", plan.quiet_wait_s)
-    results["row_cost"] = row_costs(model)
+    if not plan.quick:  # minutes on a busy machine
+        wait_for_quiet("row costs", plan.quiet_wait_s)
+        results["row_cost"] = row_costs(model)
     with ExitStack() as stack:
         found: dict[str, tuple[str, int]] = {}
         for name, mode in ((OFF, "off"), (NGRAM, "ngram")):

@@ -28,6 +28,7 @@ SERVERS = (OFF, NGRAM, PEER)
 PEER_FLAGS = ("--spec-type", "ngram-simple")
 CODE_TOKENS, PROSE_TOKENS = 1024, 256
 LEVELS = {"code": (1, 4), "prose": (1, 4, 8)}
+QUICK_LEVELS = {"code": (1, 4), "prose": (1,)}  # --quick, for a machine shared with others
 
 SOURCE = '''import csv
 import statistics
@@ -125,8 +126,11 @@ def one_request(url: str, content: str, max_tokens: int) -> dict[str, Any]:
 
 
 def run_level(url: str, workload: str, clients: int, rounds: int) -> dict[str, Any]:
-    """`clients` clients each sending `rounds` requests in turn, client i starting at task i."""
+    """`clients` clients each sending `rounds` requests in turn, client i starting at task i; one client sends every
+    code task (the median is over tasks) and at least two prose ones."""
     tasks = prompts(workload)
+    if clients == 1:
+        rounds = max(rounds, len(tasks) if workload == "code" else 2)
 
     def client(index: int) -> list[dict[str, Any]]:
         return [one_request(url, *tasks[(index + r * clients) % len(tasks)]) for r in range(rounds)]
@@ -152,7 +156,7 @@ def run_speculative(servers: dict[str, tuple[str, int]], plan: Plan,
     rounds = 1 if plan.quick else 2
     for url, _ in servers.values():  # warm-up
         one_request(url, prompts("code")[0][0], 8)
-    for workload, levels in LEVELS.items():
+    for workload, levels in (QUICK_LEVELS if plan.quick else LEVELS).items():
         for clients in levels:
             for name, (url, pid) in servers.items():
                 label = f"{name}: {workload}, {clients} client(s)"
