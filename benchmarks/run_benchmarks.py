@@ -15,6 +15,8 @@ Writes benchmarks/results/latest.{json,md,png}; server logs go to benchmarks/res
   real-client: no max_tokens, a shared ~1,000-token system prompt, 8 clients (issue 12);
   infill: code completion in the editor, a keystroke replay on /infill as llama.vscode drives it: a source file of
     this repository typed again line by line, each keystroke's request cancelling the last (issue 16);
+  speculative: ours --speculative off vs ngram, and llama-server --spec-type ngram-simple, on code edits and
+    free prose at 1, 4 (and 8) clients (issue 17);
 each writes benchmarks/results/PART.{json,md}.
 The parts live in benchmarks/suite/ (its __init__ lists them).
 
@@ -34,7 +36,7 @@ from pathlib import Path
 
 from suite.plan import RESULTS
 
-PARTS = ("structured", "real-client", "infill")  # suite/parts.py
+PARTS = ("structured", "real-client", "infill", "speculative")  # suite/parts.py
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

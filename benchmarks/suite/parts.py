@@ -29,6 +29,8 @@ from .measure import wait_for_quiet
 from .plan import REPO, RESULTS, THREADS, Plan
 from .real_client import CLIENTS, PREFIX_RULES, QUESTIONS, SEED, TEMPERATURE, run_real_client
 from .run import git_commit
+from .speculative import NGRAM, OFF, PEER_FLAGS, row_costs, run_speculative, speculative_markdown, speculative_targets
+from .speculative import PEER as SPECULATIVE_PEER
 from .structured import (
     ANSWER_TOKENS,
     LEVELS,
@@ -43,7 +45,7 @@ from .structured_report import OURS, PEER, real_client_markdown, structured_mark
 
 logger = logging.getLogger(__name__)
 
-PARTS = ("structured", "real-client", "infill")
+PARTS = ("structured", "real-client", "infill", "speculative")
 
 
 def measured_commit() -> str:
@@ -143,10 +145,38 @@ def run_infill_part(args: argparse.Namespace, plan: Plan, model: Path, binary: P
     return results
 
 
+def run_speculative_part(args: argparse.Namespace, plan: Plan, model: Path, binary: Path | None) -> dict[str, Any]:
+    """Ours with --speculative off and ngram, and llama-server --spec-type ngram-simple (8 slots), all running; the
+    levels go through them one after the other (suite/speculative.py)."""
+    results: dict[str, Any] = {"meta": {**metadata(model, plan, binary), "peer_parallel": 8,
+                                        "peer_flags": list(PEER_FLAGS)}}
+
+    def checkpoint(runs: dict[str, Any]) -> None:
+        results["runs"] = runs
+        results["targets"] = speculative_targets(results)
+        write_part(args.out, "speculative", results)
+
+    if not plan.quick:  # minutes on a busy machine
+        wait_for_quiet("row costs", plan.quiet_wait_s)
+        results["row_cost"] = row_costs(model)
+    with ExitStack() as stack:
+        found: dict[str, tuple[str, int]] = {}
+        for name, mode in ((OFF, "off"), (NGRAM, "ngram")):
+            running = stack.enter_context(processes.ours(model, RESULTS, "--speculative", mode,
+                                                         log_name=f"ours-speculative-{mode}.log"))
+            found[name] = (running.url, running.process.pid)
+        if binary is not None:
+            running = stack.enter_context(processes.llama_server(binary, model, RESULTS, 8, extra_flags=PEER_FLAGS))
+            found[SPECULATIVE_PEER] = (running.url, running.process.pid)
+        checkpoint(run_speculative(found, plan, checkpoint))
+    return results
+
+
 RUNNERS: dict[str, tuple[Callable[..., dict[str, Any]], Callable[[dict[str, Any]], str]]] = {
     "structured": (run_structured, structured_markdown),
     "real-client": (run_real_client_part, real_client_markdown),
     "infill": (run_infill_part, infill_markdown),
+    "speculative": (run_speculative_part, speculative_markdown),
 }
 
 

@@ -30,10 +30,10 @@ STARTUP_TIMEOUT_S = 180
 
 
 @contextmanager
-def ours(model: Path, log_dir: Path, *flags: str) -> Iterator[RunningServer]:
-    """`edge-llm serve --parallel 8` with the benchmark's threads (and `flags`), logging to log_dir/ours.log."""
+def ours(model: Path, log_dir: Path, *flags: str, log_name: str = "ours.log") -> Iterator[RunningServer]:
+    """`edge-llm serve --parallel 8` with the benchmark's threads (and `flags`), logging to log_dir/`log_name`."""
     with run_server(log_dir, "--parallel", str(SERVER_PARALLEL), "--log-level", "warning", *flags, model=model,
-                    threads=THREADS, cwd=REPO, startup_timeout=STARTUP_TIMEOUT_S, log_name="ours.log") as server:
+                    threads=THREADS, cwd=REPO, startup_timeout=STARTUP_TIMEOUT_S, log_name=log_name) as server:
         wait_until_serving(server.url)
         yield server
 

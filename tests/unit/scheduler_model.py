@@ -12,6 +12,7 @@ holding the last token of what a sequence must have before its next sample (`fee
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 from edge_llm.engine.step_plan import KvCopyRange, KvShift, KvTrim
@@ -91,7 +92,10 @@ class KvModel:
         assert 0 < n <= batch_size
         sample_indices = {index for _, index in plan.samples}
         assert len(sample_indices) == len(plan.samples)
-        assert [i for i in range(n) if plan.logits[i]] == sorted(sample_indices), "logits only where sampled"
+        draft_indices = {index for _, rows in plan.drafts for index in rows}
+        assert not sample_indices & draft_indices
+        assert [i for i in range(n) if plan.logits[i]] == sorted(sample_indices | draft_indices), \
+            "logits only where sampled or drafted"
         for token, position, seq_id in zip(plan.tokens, plan.positions, plan.seq_ids):
             assert 0 <= seq_id < self.n_seq_max
             cells = self.cells.setdefault(seq_id, {})
@@ -130,6 +134,8 @@ class Driver:
         for i, (sequence, _) in enumerate(plan.samples):
             if end_mask >> (i % 8) & 1:
                 self.check_sample_point(sequence)
+                if sequence.speculation is not None and sequence.speculation.in_flight:
+                    self.s.settle_draft(sequence, 0)  # the first token drawn ends the answer: the draft goes
                 self.finish(sequence)
             elif not self._sample(sequence, True):
                 continue
@@ -150,14 +156,26 @@ class Driver:
         return plan
 
     def _sample(self, sequence: Sequence, finish_at_max: bool) -> bool:
-        """Samples `sequence`'s next token; True when it finished (max_tokens)."""
+        """Samples `sequence`'s next token, and with a draft in flight the next ones while they confirm it (as
+        engine/acceptance.py does), settles the draft, then passes them on; True when it finished (max_tokens)."""
         self.check_sample_point(sequence)
-        token = self.sample(sequence)
-        self.s.on_sampled(sequence, token)
-        self.output.setdefault(sequence.request_id, []).append(token)
-        if finish_at_max and sequence.generated >= sequence.max_tokens:
-            self.finish(sequence)
-            return True
+        draft = sequence.speculation.in_flight if sequence.speculation is not None else ()
+        tokens: list[int] = []
+        for position in range(len(draft) + 1):
+            shadow = copy.copy(sequence)  # what the sampler sees after the tokens drawn before this one
+            shadow.output = sequence.output + tokens
+            tokens.append(self.sample(shadow))
+            if position == len(draft) or tokens[-1] != draft[position]:
+                break
+        if draft:
+            self.s.settle_draft(sequence, len(tokens) - 1)
+            self.check_kv(sequence)
+        for token in tokens:
+            self.s.on_sampled(sequence, token)
+            self.output.setdefault(sequence.request_id, []).append(token)
+            if finish_at_max and sequence.generated >= sequence.max_tokens:
+                self.finish(sequence)
+                return True
         return False
 
     def check_plan(self, plan: StepPlan) -> None:
@@ -170,15 +188,29 @@ class Driver:
         owners = {q.seq_id: q for q in self.s.running}
         n_decode = len(plan.samples)
         assert [index for _, index in plan.samples] == list(range(n_decode)), "decode tokens first, one sample each"
-        n_prefill = len(plan.tokens) - n_decode
-        assert plan.logits == [True] * n_decode + [False] * n_prefill, "logits only for decode tokens"
+        n_drafted = sum(len(rows) for _, rows in plan.drafts)
+        assert [i for _, rows in plan.drafts for i in rows] == list(range(n_decode, n_decode + n_drafted)), \
+            "drafts right after the decode tokens"
+        n_prefill = len(plan.tokens) - n_decode - n_drafted
+        assert plan.logits == [True] * (n_decode + n_drafted) + [False] * n_prefill, "logits only for decode tokens"
         assert len({q.seq_id for q, _ in plan.samples}) == n_decode
+        drafts = {id(q): rows for q, rows in plan.drafts}
+        assert len(drafts) == len(plan.drafts)
+        if n_drafted:
+            assert n_prefill == 0, "no drafts in a step with prompt chunks"
         for sequence, index in plan.samples:
+            rows = drafts.pop(id(sequence), [])
+            draft = sequence.speculation.in_flight if rows else ()
+            assert len(draft) == len(rows) and list(draft) == [plan.tokens[i] for i in rows]
+            assert [plan.positions[i] for i in rows] == [plan.positions[index] + 1 + k for k in range(len(rows))]
+            assert all(plan.seq_ids[i] == sequence.seq_id for i in rows)
+            assert sequence.generated + len(draft) < sequence.max_tokens, "a draft beyond max_tokens"
             assert plan.seq_ids[index] == sequence.seq_id
-            assert plan.positions[index] == sequence.n_past - 1 >= len(sequence.feed) - 1
+            assert plan.positions[index] == sequence.n_past - 1 - len(draft) >= len(sequence.feed) - 1
             if plan.positions[index] == len(sequence.feed) - 1:
                 assert plan.tokens[index] == sequence.feed[-1]
-        for token, position, seq_id in list(zip(plan.tokens, plan.positions, plan.seq_ids))[n_decode:]:
+        assert not drafts, "a draft without its sequence's decode token"
+        for token, position, seq_id in list(zip(plan.tokens, plan.positions, plan.seq_ids))[n_decode + n_drafted:]:
             feed = owners[seq_id].feed
             assert position < len(feed) - 1, "a prefill chunk holds the feed's last token"
             assert token == feed[position]
@@ -215,7 +247,8 @@ class Driver:
         """Where a sequence is sampled, its KV holds its prompt and then every token it generated, each once
         (across preemptions too), and nothing else."""
         self.check_kv(sequence)
-        assert sequence.kv_tokens == sequence.prompt + sequence.output, "a token is lost or doubled in the KV"
+        draft = list(sequence.speculation.in_flight) if sequence.speculation is not None else []
+        assert sequence.kv_tokens == sequence.prompt + sequence.output + draft, "a token is lost or doubled in the KV"
 
     def check_kv(self, sequence: Sequence) -> None:
         """Positions [0, n_past) hold kv_tokens; a moved chunk the prefill has not reached yet holds its tokens."""

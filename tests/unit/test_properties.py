@@ -167,7 +167,7 @@ prompts = st.tuples(st.sampled_from(BASES), st.lists(st.integers(1, 3), min_size
     lambda parts: parts[0] + parts[1]
 )  # shared beginnings, so that the prefix cache gets used
 
-add_op = st.tuples(st.just("add"), prompts, st.integers(1, 6))
+add_op = st.tuples(st.just("add"), prompts, st.integers(1, 6), st.booleans())  # the last: speculative
 step_op = st.tuples(st.just("step"), st.integers(0, 255) | st.just(0), st.integers(1, 6))  # bit i: i-th sample is EOG
 op = st.one_of(
     add_op,
@@ -198,8 +198,11 @@ def sample_token(sequence) -> int:
 
 
 def engine_step(d: Driver, eog_mask: int) -> None:
-    """One engine iteration: step, decode, sample; finish on EOG or at max_tokens."""
+    """One engine iteration: step, decode, sample (verifying drafts); finish on EOG or at max_tokens."""
     d.step_with_ends(eog_mask)
+    drafted = [q.speculation.in_flight for q, _ in d.plans[-1].drafts]
+    if drafted:
+        event("drafted")
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -212,14 +215,14 @@ def test_scheduler_invariants_over_random_operations(config, ops) -> None:
     for operation in ops:
         kind = operation[0]
         if kind == "add":
-            _, prompt, max_tokens = operation
+            _, prompt, max_tokens, speculative = operation
             if len(prompt) + max_tokens > s.n_ctx:
                 try:
                     s.add(f"r{len(added)}", prompt, max_tokens)
                 except RequestTooLargeError:
                     continue
                 raise AssertionError("a request larger than the context was accepted")
-            added.append(s.add(f"r{len(added)}", prompt, max_tokens))
+            added.append(s.add(f"r{len(added)}", prompt, max_tokens, speculative=speculative))
         elif kind == "step":
             for _ in range(operation[2]):
                 blocked = bool(s.waiting) and len(s.running) < s.parallel
@@ -277,11 +280,13 @@ def test_scheduler_invariants_over_random_operations(config, ops) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(configs, st.lists(st.tuples(prompts, st.integers(1, 8)), min_size=1, max_size=12))
-def test_scheduler_completes_every_request_with_exactly_max_tokens(config, requests) -> None:
-    s = Scheduler(**config)
+@given(configs, st.lists(st.tuples(prompts, st.integers(1, 8), st.booleans()), min_size=1, max_size=12),
+       st.sampled_from([0.0, 0.1, 0.5]))
+def test_scheduler_completes_every_request_with_exactly_max_tokens(config, requests, draft_row_cost) -> None:
+    s = Scheduler(**config, draft_row_cost=draft_row_cost)
     d = Driver(s, sample=sample_token)
-    seqs = [s.add(f"r{i}", p, m) for i, (p, m) in enumerate(requests) if len(p) + m <= s.n_ctx]
+    seqs = [s.add(f"r{i}", p, m, speculative=spec) for i, (p, m, spec) in enumerate(requests)
+            if len(p) + m <= s.n_ctx]
     admitted_order = []
     events: Counter[str] = Counter()
     for _ in range(3000):
@@ -298,6 +303,10 @@ def test_scheduler_completes_every_request_with_exactly_max_tokens(config, reque
         decoding = [q for q in decoding if q not in plan.preempted]
         d.check_invariants()
         d.check_coherent()
+        events.update(["drafted"] * bool(plan.drafts))
+        events.update(["draft accepted"] * any(q.speculation.accepted for q, _ in plan.drafts))
+        events.update(["draft rejected"] * any(q.speculation.accepted < q.speculation.drafted
+                                               for q, _ in plan.drafts))
         # every sequence due to decode gets its token; the only others in the decode part are ones whose
         # prompt[:-1] arrived at the start of this step (admitted, or a follower that copied its prefix)
         sampled = [q for q, _ in plan.samples]
@@ -305,7 +314,7 @@ def test_scheduler_completes_every_request_with_exactly_max_tokens(config, reque
         assert set(sampled) - set(decoding) <= set(plan.admitted) | set(followers)
         assert sampled == [q for q in running + plan.admitted if q in sampled], "decode part in running order"
         # decode tokens (a generated token or the prompt's last) come before any prompt chunk token
-        n_decode = len(sampled)
+        n_decode = len(sampled) + sum(len(rows) for _, rows in plan.drafts)  # draft tokens follow decode tokens
         is_prompt = [pos < len(owners[sid].feed) - 1 for pos, sid in zip(plan.positions, plan.seq_ids)]
         assert is_prompt == [False] * n_decode + [True] * (len(is_prompt) - n_decode)
         assert plan.logits == [not p for p in is_prompt]

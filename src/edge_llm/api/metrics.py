@@ -228,6 +228,22 @@ class _LiveCollector(Collector):
         for reason, count in stats.evictions.items():
             evictions.add_metric([reason], count)
         yield evictions
+        yield CounterMetricFamily("edge_llm_speculative_drafted_tokens", "Draft tokens verified (speculative "
+                                  "decoding).", value=stats.drafted_tokens)
+        yield CounterMetricFamily("edge_llm_speculative_accepted_tokens", "Draft tokens accepted.",
+                                  value=stats.accepted_tokens)
+        drafted = CounterMetricFamily("edge_llm_speculative_drafted_by_position",
+                                      "Draft tokens verified at each position of their draft (1 = first).",
+                                      labels=["position"])
+        accepted = CounterMetricFamily("edge_llm_speculative_accepted_by_position",
+                                       "Draft tokens accepted at each position of their draft (1 = first).",
+                                       labels=["position"])
+        for position, (n_drafted, n_accepted) in enumerate(zip(stats.drafted_by_position,
+                                                                stats.accepted_by_position), start=1):
+            drafted.add_metric([str(position)], n_drafted)
+            accepted.add_metric([str(position)], n_accepted)
+        yield drafted
+        yield accepted
         yield gauge("edge_llm_http_requests_in_flight", "HTTP requests being served (health and metrics excluded).",
                     state.in_flight)
         yield gauge("edge_llm_engine_alive", "1 while the engine thread runs.", int(state.alive))

@@ -206,6 +206,7 @@ class _GenerationFields(_Strict, LlamaServerFields):
     repeat_penalty: float | None = Field(None, gt=0.0, le=10.0)
     logit_bias: LogitBias | None = None
     ignore_eos: bool = False  # llama-server / vLLM extension: generate until max_tokens or a stop string
+    speculative: bool = True  # false: no speculative decoding for this request (see --speculative)
     # Accepted and ignored: they do not change the output.
     user: str | None = None
     metadata: dict[str, str] | None = None

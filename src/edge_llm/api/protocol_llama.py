@@ -63,6 +63,7 @@ class InfillRequest(BaseModel):
     repeat_penalty: float | None = Field(None, gt=0.0, le=10.0)
     stop: list[str] = Field(default_factory=list, max_length=MAX_STOP_STRINGS)
     cache_prompt: bool = True  # false: this request neither reuses nor leaves a prefix-cache entry
+    speculative: bool = True  # false: no speculative decoding for this request (see --speculative)
     response_fields: list[str] | None = Field(None, max_length=64)
 
     @field_validator("stop")

@@ -247,6 +247,7 @@ def _engine_factory(settings: Settings):  # type: ignore[no-untyped-def]
             queue_capacity=settings.queue_capacity,
             request_timeout=settings.request_timeout,
             keep_text=settings.log_prompts,
+            speculative=settings.speculative == "ngram",
         ))
 
     return make

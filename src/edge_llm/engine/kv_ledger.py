@@ -45,6 +45,20 @@ class KvLedger:
         # (copies took prefixes of it), so the block, and the cells in use, grow by exactly n.
         self.used += n
 
+    def shrink(self, seq_id: int, n: int) -> None:
+        """`seq_id` lets go of its last `n` positions, which it computed itself and nobody else holds (a rejected
+        draft's cells, in the step that computed them)."""
+        if n <= 0:
+            return
+        block = self._holdings[seq_id][-1]
+        end = block.ends[seq_id] - n
+        assert block.owner == seq_id and end >= block.start, f"seq {seq_id} shrinks by {n} cells it did not compute"
+        assert all(e <= end for holder, e in block.ends.items() if holder != seq_id), "shrinks cells others hold"
+        block.ends[seq_id] = end
+        if end == block.start and len(block.ends) == 1:
+            self._holdings[seq_id].pop()
+        self.used -= n
+
     def copy(self, src: int, dst: int, length: int) -> None:
         """`dst` (holding nothing) takes the cells of positions [0, length) of `src`."""
         assert not self._holdings.get(dst), f"copy into seq {dst}, which holds cells"

@@ -22,6 +22,7 @@ from collections import OrderedDict, deque
 from edge_llm.engine.kv_ledger import KvLedger
 from edge_llm.engine.step_plan import KvCopy, KvCopyRange, KvOp, KvRemove, KvShift, KvTrim, StepPlan
 from edge_llm.engine.sequence import CacheEntry, MovedChunk, Phase, Sequence
+from edge_llm.engine.speculation import ROW_COST, Speculation, SpeculationStats, lay_out_drafts, row_cost_at
 from edge_llm.engine.token_match import common_prefix_length, moved_chunk
 
 MAX_PREEMPTIONS = 3
@@ -39,7 +40,7 @@ class RequestTooLargeError(ValueError):
 
 class Scheduler:
     def __init__(self, *, n_ctx: int, batch_size: int, parallel: int, cache_slots: int,
-                 max_preemptions: int = MAX_PREEMPTIONS) -> None:
+                 max_preemptions: int = MAX_PREEMPTIONS, draft_row_cost: float = ROW_COST) -> None:
         if batch_size < parallel:
             # Every running sequence's decode token must fit in one batch, or some would starve.
             raise ValueError(f"batch_size ({batch_size}) must be at least parallel ({parallel})")
@@ -48,6 +49,8 @@ class Scheduler:
         self.parallel = parallel
         self.cache_slots = cache_slots
         self.max_preemptions = max_preemptions
+        self.draft_row_cost = draft_row_cost
+        self.speculation = SpeculationStats()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last is the first to be preempted
         self.cache: OrderedDict[int, CacheEntry] = OrderedDict()  # seq_id → entry, least recent first
@@ -93,7 +96,7 @@ class Scheduler:
     # ---- insert / remove ----------------------------------------------------------------
 
     def add(self, request_id: str, prompt: list[int], max_tokens: int, *, use_cache: bool = True,
-            reuse_min: int = 0) -> Sequence:
+            reuse_min: int = 0, speculative: bool = False) -> Sequence:
         if not prompt:
             raise ValueError("empty prompt")
         if len(prompt) + max_tokens > self.n_ctx or max_tokens < 1:
@@ -102,6 +105,8 @@ class Scheduler:
             )
         sequence = Sequence(request_id, list(prompt), max_tokens, use_cache=use_cache, reuse_min=reuse_min)
         sequence.feed = sequence.prompt
+        if speculative:
+            sequence.speculation = Speculation()
         self.waiting.append(sequence)
         return sequence
 
@@ -158,6 +163,12 @@ class Scheduler:
                 sequence.pending_token = None
                 self.ledger.grow(sequence.seq_id, 1)
                 plan.samples.append((sequence, index))
+        # Drafts (speculative decoding) only in a step without prompt chunks, which is compute-bound (a draft row would
+        # cost a whole token's time). Their cells are free ones, freed again before anything else is laid out.
+        if not any(s.phase is Phase.PREFILL and s.leader is None for s in self.running):
+            room = min(self.batch_size - len(plan.tokens), self.free_cells)
+            for sequence, length in lay_out_drafts(plan, room, row_cost_at(self.draft_row_cost, self.ledger.used)):
+                self.ledger.grow(sequence.seq_id, length)
         room = self.batch_size - len(plan.tokens)
         for sequence in self.running:
             if room <= 0:
@@ -183,6 +194,20 @@ class Scheduler:
         """The engine sampled `token` for `sequence`; it is decoded in the next step."""
         sequence.output.append(token)
         sequence.pending_token = token
+
+    def settle_draft(self, sequence: Sequence, accepted: int) -> None:
+        """`sequence`'s draft in this step's batch was verified before its tokens are passed to `on_sampled`: the
+        cells of its first `accepted` tokens stay, the rest are freed (trimmed before the next decode)."""
+        speculation = sequence.speculation
+        assert speculation is not None and 0 <= accepted <= len(speculation.in_flight)
+        rejected = len(speculation.in_flight) - accepted
+        self.speculation.record(len(speculation.in_flight), accepted)
+        speculation.verified(accepted)
+        if rejected and sequence in self.running:
+            sequence.n_past -= rejected
+            del sequence.kv_tokens[sequence.n_past:]
+            self._pending_ops.append(KvTrim(sequence.seq_id, sequence.n_past))
+            self.ledger.shrink(sequence.seq_id, rejected)
 
     # ---- room for a step: evict the cache, then preempt --------------------------------------
 

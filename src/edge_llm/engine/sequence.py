@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from edge_llm.engine.speculation import Speculation
 
 
 class Phase(enum.Enum):
@@ -47,6 +51,8 @@ class Sequence:
     # reaches its new start: llama.cpp only appends a sequence's next positions.
     reuse_min: int = 0  # the shortest chunk worth moving; 0: none is
     moved: MovedChunk | None = None
+    # With speculative decoding: its n-gram drafter, acceptance rates and the draft in flight.
+    speculation: Speculation | None = None
 
     def known_tokens(self) -> list[int]:
         """The tokens this sequence's KV holds or will hold once its prompt is prefilled."""

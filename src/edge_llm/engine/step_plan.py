@@ -64,6 +64,8 @@ class StepPlan:
     seq_ids: list[int] = field(default_factory=list)
     logits: list[bool] = field(default_factory=list)
     samples: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, batch index)
+    # A sequence's draft (speculation.in_flight): the batch indices of its tokens, after the decode tokens
+    drafts: list[tuple[Sequence, list[int]]] = field(default_factory=list)
     admitted: list[Sequence] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
     prefilled_tokens: int = 0

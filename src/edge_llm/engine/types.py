@@ -47,6 +47,7 @@ class GenerationRequest:
     logprobs: int | None = None  # None: off; k: the chosen token's logprob and the k likeliest
     cache_prompt: bool = True  # False: neither reuses nor leaves a prefix-cache entry (llama-server's field)
     reuse_min: int = 0  # > 0: a cached chunk of at least this many tokens may be moved into place (--cache-reuse)
+    speculative: bool = True  # False: never drafts, even when the engine speculates (--speculative ngram)
 
 
 class Pooling(str, enum.Enum):
@@ -119,6 +120,10 @@ class EngineStats:
     kv_cells_total: int
     preemptions: int = 0  # since start: running sequences put back in the queue to free KV cells
     evictions: dict[str, int] = field(default_factory=dict)  # since start: prefix-cache entries dropped, by reason
+    drafted_tokens: int = 0  # since start: draft tokens verified (speculative decoding)
+    accepted_tokens: int = 0  # … and accepted
+    drafted_by_position: tuple[int, ...] = ()  # draft tokens verified at draft position 1, 2, …
+    accepted_by_position: tuple[int, ...] = ()  # … and accepted there
 
     @staticmethod
     def total(snapshots: Sequence[EngineStats]) -> EngineStats:

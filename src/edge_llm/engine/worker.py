@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from edge_llm.engine.acceptance import verify
 from edge_llm.engine.active import ActiveRequest, phase_name
 from edge_llm.engine.channel import Outbox, Sender
 from edge_llm.engine.embeddings import EmbeddingQueue
@@ -34,6 +35,7 @@ from edge_llm.engine.types import (
     QueueFullError,
     SamplingExhausted,
     TextDelta,
+    TokenLogprob,
     Usage,
 )
 
@@ -53,11 +55,13 @@ class Engine:
         request_timeout: float | None = None,
         observer: EngineObserver | None = None,
         keep_text: bool = False,
+        speculative: bool = False,
     ) -> None:
         self._runner_factory = runner_factory
         self.request_timeout = request_timeout
         self.observer = observer
         self._keep_text = keep_text
+        self.speculative = speculative  # requests draft by prompt lookup (engine/speculation.py)
         self._scheduler = Scheduler(n_ctx=n_ctx, batch_size=batch_size, parallel=parallel, cache_slots=cache_slots)
         self.queue_capacity = queue_capacity
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
@@ -172,6 +176,10 @@ class Engine:
             kv_cells_total=scheduler.n_ctx,
             preemptions=scheduler.preemptions,
             evictions=dict(scheduler.evictions),
+            drafted_tokens=scheduler.speculation.drafted,
+            accepted_tokens=scheduler.speculation.accepted,
+            drafted_by_position=tuple(scheduler.speculation.drafted_at),
+            accepted_by_position=tuple(scheduler.speculation.accepted_at),
         )
 
     # ---- the engine thread ------------------------------------------------------------------
@@ -250,10 +258,11 @@ class Engine:
             self.runner.apply_kv_ops(plan.kv_ops)
             if not plan.empty:
                 self._decode(plan)
+                drafts = {id(sequence): rows for sequence, rows in plan.drafts}
                 for sequence, batch_index in plan.samples:
                     active = self._active.get(sequence.request_id)
                     if active is not None:
-                        self._sample(active, batch_index)
+                        self._sample(active, [batch_index, *drafts.get(id(sequence), ())])
             if self._embeddings.pending:  # one small chunk between decode steps, after this step's tokens are sent
                 self._outbox.flush()
                 answered = self._embeddings.step(self.runner.hidden_states, self._outbox)
@@ -261,22 +270,38 @@ class Engine:
                     with self._lock:
                         self._waiting_ids.discard(answered)
 
-    def _sample(self, active: ActiveRequest, batch_index: int) -> None:
-        try:
-            token = self.runner.sample(active.sampler, batch_index)
-            if active.request.logprobs is not None:
-                active.pending_logprobs.append(self.runner.logprobs(batch_index, token, active.request.logprobs))
-        except SamplingExhausted as exc:
-            if exc.complete:
+    def _sample(self, active: ActiveRequest, rows: list[int]) -> None:
+        """Samples the sequence's next token from `rows[0]`; with a draft in the batch (`rows[1:]`, speculative
+        decoding), the tokens after it too while they confirm the draft (engine/acceptance.py)."""
+        sequence = active.sequence
+        draft = sequence.speculation.in_flight if sequence.speculation is not None else ()
+        top_n = active.request.logprobs
+        logprobs: list[TokenLogprob] = []
+
+        def draw(row: int) -> int:
+            token = self.runner.sample(active.sampler, row)
+            if top_n is not None:
+                logprobs.append(self.runner.logprobs(row, token, top_n))
+            return token
+
+        verified = verify(draft, rows, draw, self.runner.is_end_of_generation)
+        if draft:
+            self._scheduler.settle_draft(sequence, verified.accepted)
+        for i, token in enumerate(verified.tokens):
+            if i < len(logprobs):
+                active.pending_logprobs.append(logprobs[i])
+            self._on_token(active, token)
+            if self._active.get(active.request.request_id) is not active:
+                return  # it ended (an end token, a stop string, max_tokens)
+        error = verified.error
+        if isinstance(error, SamplingExhausted):
+            if error.complete:
                 self._finish(active, FinishReason.STOP)
             else:
-                self._fail(active, f"The answer cannot continue: {exc}", "invalid_request")
-            return
-        except Exception as exc:  # noqa: BLE001 - one request's sampling error must not take the engine down
-            logger.exception("sampling failed", extra={"request_id": active.request.request_id})
-            self._fail(active, f"Sampling failed: {exc}", "engine_error")
-            return
-        self._on_token(active, token)
+                self._fail(active, f"The answer cannot continue: {error}", "invalid_request")
+        elif error is not None:  # one request's sampling error must not take the engine down
+            logger.error("sampling failed", exc_info=error, extra={"request_id": active.request.request_id})
+            self._fail(active, f"Sampling failed: {error}", "engine_error")
 
     def _drain_inbox(self, *, block: bool) -> bool:
         """Handles every queued command; waits for one if there is nothing to do. False means stop."""
@@ -303,7 +328,8 @@ class Engine:
             # A request that cannot be served fails alone; it never takes the engine thread down.
             active.sampler = self.runner.new_sampler(request.sampling)
             active.sequence = self._scheduler.add(request.request_id, request.prompt_tokens, request.max_tokens,
-                                                  use_cache=request.cache_prompt, reuse_min=request.reuse_min)
+                                                  use_cache=request.cache_prompt, reuse_min=request.reuse_min,
+                                                  speculative=self.speculative and request.speculative)
         except Exception as exc:  # noqa: BLE001
             with self._lock:
                 self._waiting_ids.discard(request.request_id)
@@ -406,6 +432,9 @@ class Engine:
             timings["preemptions"] = sequence.preemptions
             timings["recompute_ms"] = round(active.recompute_s * 1000, 2)
             timings["preempted_after_tokens"] = sequence.generated_at_first_preemption
+        if sequence.speculation is not None and sequence.speculation.drafted:  # llama-server's names, as it does
+            timings["draft_n"] = sequence.speculation.drafted
+            timings["draft_n_accepted"] = sequence.speculation.accepted
         usage = Usage(len(sequence.prompt), sequence.generated, sequence.cached_tokens)
         if self.observer is not None:  # before Finished, so the HTTP side sees the record complete
             text = "".join(active.text_parts) if active.text_parts is not None else None

@@ -280,6 +280,7 @@ class Serving:
         logprobs: int | None,
         cache_prompt: bool = True,
         fill_in_the_middle: bool = False,
+        speculative: bool = True,
     ) -> Generation:
         """Submits one engine request per choice; choices of one prompt share its prefill (see scheduler).
         Fill-in-the-middle requests may move a chunk of the previous keystroke's prompt (`--cache-reuse`)."""
@@ -296,6 +297,7 @@ class Serving:
                 logprobs=logprobs,
                 cache_prompt=cache_prompt,
                 reuse_min=self.cache_reuse if fill_in_the_middle and cache_prompt else 0,
+                speculative=speculative,
             )
             for choice in range(choices)
         ]

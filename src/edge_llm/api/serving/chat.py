@@ -80,6 +80,7 @@ class ChatServing(Serving):
             [prompt], n=chat.n, max_tokens=chat.requested_max_tokens(self.defaults),
             sampling=lambda choice: chat.sampling_params(self.defaults, choice, plan.grammar),
             stop=chat.stop_strings(), logprobs=chat.logprob_count, cache_prompt=chat.cache_prompt,
+            speculative=chat.speculative,
         )
         if chat.stream:
             return self.stream(generation, self._chat_chunks(generation, plan, chat.include_usage))

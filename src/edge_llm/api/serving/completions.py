@@ -42,6 +42,7 @@ class CompletionServing(Serving):
             stop=completion.stop_strings() + suffix_echo_stop(completion.suffix or ""),
             logprobs=completion.logprob_count,
             cache_prompt=completion.cache_prompt,
+            speculative=completion.speculative,
             fill_in_the_middle=completion.suffix is not None,
         )
         echo = [text if completion.echo else "" for text in completion.prompts]

@@ -50,7 +50,8 @@ class InfillServing(Serving):
         generation = self.start([prompt], n=1, max_tokens=max_tokens,
                                 sampling=lambda _: body.sampling_params(self.defaults),
                                 stop=tuple(body.stop) + suffix_echo_stop(body.input_suffix), logprobs=None,
-                                cache_prompt=body.cache_prompt, fill_in_the_middle=True)
+                                cache_prompt=body.cache_prompt, fill_in_the_middle=True,
+                                speculative=body.speculative)
         headers = self.headers(generation)
         cut = EditorCut(body.n_indent, body.t_max_predict_ms, body.input_suffix)
         if body.stream:
@@ -144,6 +145,9 @@ class InfillServing(Serving):
                 "predicted_per_second": predicted / (predicted_ms / 1000) if predicted_ms else 0.0,
             },
         }
+        for key in ("draft_n", "draft_n_accepted"):  # speculative decoding, as llama-server reports it
+            if key in timings:
+                result["timings"][key] = timings[key]
         if not body.response_fields:
             return result
         selected = _select(result, body.response_fields)

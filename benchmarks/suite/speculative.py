@@ -1,0 +1,306 @@
+"""Speculative decoding (issue 17): ours with `--speculative off` against `--speculative ngram`, and llama.cpp's
+llama-server with `--spec-type ngram-simple` beside, on code edits (a ~45-line Python file sent back whole with a
+variable renamed, type hints or docstrings added) and free prose, at 1 and 4 clients (and 8 for prose), greedy.
+
+Each level runs on the three servers one right after the other (a paired design); a request is a non-streamed chat
+completion whose server-side `timings` give its decode rate. Ratios, targets and Markdown are at the bottom."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .measure import measure_quietly
+from .plan import THREADS, Plan
+from .report import fmt, pct, target
+
+logger = logging.getLogger(__name__)
+
+OFF, NGRAM, PEER = "ours off", "ours ngram", "llama-server ngram-simple"
+SERVERS = (OFF, NGRAM, PEER)
+PEER_FLAGS = ("--spec-type", "ngram-simple")
+CODE_TOKENS, PROSE_TOKENS = 1024, 256
+LEVELS = {"code": (1, 4), "prose": (1, 4, 8)}
+QUICK_LEVELS = {"code": (1, 4), "prose": (1,)}  # --quick, for a machine shared with others
+
+SOURCE = '''import csv
+import statistics
+from dataclasses import dataclass
+
+
+@dataclass
+class Reading:
+    station: str
+    day: str
+    temp: float
+    rain: float
+
+
+def load_readings(path):
+    rows = []
+    with open(path, newline="") as handle:
+        for record in csv.DictReader(handle):
+            try:
+                temp = float(record["temp"])
+                rain = float(record["rain"])
+            except (KeyError, ValueError):
+                continue
+            rows.append(Reading(record["station"], record["day"], temp, rain))
+    return rows
+
+
+def by_station(rows):
+    groups = {}
+    for row in rows:
+        groups.setdefault(row.station, []).append(row)
+    return groups
+
+
+def summary(rows):
+    result = {}
+    for station, group in by_station(rows).items():
+        temps = [row.temp for row in group]
+        result[station] = {
+            "mean": statistics.mean(temps),
+            "max": max(temps),
+            "rain": sum(row.rain for row in group),
+        }
+    return result
+
+
+def wettest(rows, n=3):
+    totals = summary(rows)
+    return sorted(totals, key=lambda station: totals[station]["rain"], reverse=True)[:n]
+'''
+
+CODE_TASKS = (
+    "Rename the variable `rows` to `readings` everywhere in this code. Reply with the whole code only.",
+    "Add type hints to every function in this code. Reply with the whole code only.",
+    "Add a one-line docstring to every function in this code. Reply with the whole code only.",
+)
+PROSE_TASKS = (
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Describe a busy morning market in a small mountain town.",
+    "Write a letter from a traveller to a friend about crossing a desert.",
+    "Tell the story of a robot that learns to paint.",
+    "Describe a thunderstorm over the sea from the deck of a ship.",
+    "Write a fable about a fox and a clever crow.",
+    "Describe the first day of spring in a city park.",
+    "Write a diary entry of an astronaut on the moon.",
+)
+
+
+def prompts(workload: str) -> list[tuple[str, int]]:
+    """(user message, max_tokens) of each task of a workload."""
+    if workload == "code":
+        return [(f"{task}\n\n```python\n{SOURCE}```", CODE_TOKENS) for task in CODE_TASKS]
+    return [(task, PROSE_TOKENS) for task in PROSE_TASKS]
+
+
+def decode_rate(body: dict[str, Any]) -> float | None:
+    """Tokens per second after the first, by the server's own timing (ours: decode_ms; llama-server: predicted_*)."""
+    timings = body.get("timings") or {}
+    if "decode_ms" in timings:
+        tokens, ms = body["usage"]["completion_tokens"] - 1, timings["decode_ms"]
+    else:
+        tokens, ms = timings.get("predicted_n", 0) - 1, timings.get("predicted_ms", 0.0)
+    return tokens / ms * 1000 if tokens > 0 and ms > 0 else None
+
+
+def one_request(url: str, content: str, max_tokens: int) -> dict[str, Any]:
+    body = {"messages": [{"role": "user", "content": content}], "temperature": 0, "max_tokens": max_tokens}
+    response = httpx.post(url + "/v1/chat/completions", json=body, timeout=900)
+    response.raise_for_status()
+    answer = response.json()
+    timings = answer.get("timings") or {}
+    return {"tokens": answer["usage"]["completion_tokens"], "decode_tok_s": decode_rate(answer),
+            "text": answer["choices"][0]["message"]["content"],
+            "drafted": timings.get("draft_n"), "accepted": timings.get("draft_n_accepted")}
+
+
+def run_level(url: str, workload: str, clients: int, rounds: int) -> dict[str, Any]:
+    """`clients` clients each sending `rounds` requests in turn, client i starting at task i; one client sends every
+    code task (the median is over tasks) and at least two prose ones."""
+    tasks = prompts(workload)
+    if clients == 1:
+        rounds = max(rounds, len(tasks) if workload == "code" else 2)
+
+    def client(index: int) -> list[dict[str, Any]]:
+        return [one_request(url, *tasks[(index + r * clients) % len(tasks)]) for r in range(rounds)]
+
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        answers = [a for answers in pool.map(client, range(clients)) for a in answers]
+    wall = time.monotonic() - started
+    rates = [a["decode_tok_s"] for a in answers if a["decode_tok_s"]]
+    drafted = sum(a["drafted"] or 0 for a in answers)
+    return {"clients": clients, "requests": len(answers), "wall_s": wall,
+            "aggregate_tok_s": sum(a["tokens"] for a in answers) / wall,
+            "decode_tok_s_median": statistics.median(rates) if rates else None,
+            "decode_tok_s": rates, "tokens": [a["tokens"] for a in answers],
+            "acceptance": sum(a["accepted"] or 0 for a in answers) / drafted if drafted else None,
+            "drafted": drafted, "texts": [a["text"] for a in answers]}
+
+
+def run_speculative(servers: dict[str, tuple[str, int]], plan: Plan,
+                    checkpoint: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Every workload and level, the servers one right after the other; `servers`: name → (url, pid)."""
+    runs: dict[str, Any] = {name: {} for name in servers}
+    rounds = 1 if plan.quick else 2
+    for url, _ in servers.values():  # warm-up
+        one_request(url, prompts("code")[0][0], 8)
+    for workload, levels in (QUICK_LEVELS if plan.quick else LEVELS).items():
+        for clients in levels:
+            for name, (url, pid) in servers.items():
+                label = f"{name}: {workload}, {clients} client(s)"
+                logger.info("%s", label)
+                result = measure_quietly(label, lambda _attempt, u=url, c=clients: run_level(u, workload, c, rounds),
+                                         [pid], plan)
+                runs[name].setdefault(workload, {})[str(clients)] = result
+                checkpoint(runs)
+    return runs
+
+
+ROW_COST_SCENARIOS = (("1 sequence", 1, 0), ("1 sequence, 5 idle ones holding cells", 1, 5), ("4 sequences", 4, 0))
+ROW_COST_PROMPT = 700  # cells each sequence holds (about a code-edit request's prompt)
+
+
+def row_costs(model: Path, extra: tuple[int, ...] = (0, 1, 2, 4, 8, 16), repeats: int = 7) -> dict[str, Any]:
+    """In process, through the engine's runner with the server's context settings: the time of a decode step of
+    b sequences' next tokens plus k more rows with logits (drafts), medians of `repeats`, in each scenario of
+    ROW_COST_SCENARIOS (b decoding, others only holding cells: llama.cpp's unified cache attends over every cell in
+    use); and the row cost it implies (engine/speculation.py ROW_COST: with a step of N rows taking F (1 + c N),
+    c = a row's time / F, fitted by least squares)."""
+    from edge_llm.engine.llama.runner import ContextConfig, LlamaRunner
+    from edge_llm.engine.step_plan import KvTrim, StepPlan
+
+    runner = LlamaRunner(model, ContextConfig(n_ctx=8192, n_batch=512, n_seq_max=16, n_threads=THREADS,
+                                              n_threads_batch=THREADS))
+    source = runner.tokenize(SOURCE, add_special=False, parse_special=False)
+    prompt = (source * (ROW_COST_PROMPT // len(source) + 1))[:ROW_COST_PROMPT]
+    steps: dict[str, dict[str, float]] = {}
+    try:
+        for label, decoding, idle in ROW_COST_SCENARIOS:
+            runner.clear_kv()
+            for seq in range(decoding + idle):
+                for start in range(0, len(prompt), 512):
+                    chunk = StepPlan()
+                    for position in range(start, min(start + 512, len(prompt))):
+                        chunk.add(prompt[position], position, seq, False)
+                    runner.decode(chunk)
+            steps[label] = {}
+            for k in extra:
+                times = []
+                for _ in range(repeats):
+                    plan = StepPlan()
+                    for seq in range(decoding):
+                        plan.add(prompt[0], len(prompt), seq, True)
+                    for offset in range(k):
+                        plan.add(prompt[offset], len(prompt) + 1 + offset, 0, True)
+                    started = time.perf_counter()
+                    runner.decode(plan)
+                    times.append(time.perf_counter() - started)
+                    runner.apply_kv_ops([KvTrim(seq, len(prompt)) for seq in range(decoding)])
+                steps[label][str(k)] = statistics.median(times) * 1000
+        runner.clear_kv()
+    finally:
+        runner.close()
+    fits = {}
+    for label, decoding, _ in ROW_COST_SCENARIOS:
+        by_rows = steps[label]
+        xs, ys = [float(k) for k in by_rows], list(by_rows.values())
+        mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+        per_row = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs)
+        step = mean_y - per_row * mean_x  # the step without drafts: F (1 + c b)
+        fits[label] = {"per_row_ms": per_row, "step_ms": step, "row_cost": per_row / (step - per_row * decoding)}
+    return {"step_ms": steps, "fits": fits}
+
+
+# ---- ratios, targets, Markdown (pure) ----------------------------------------------------------------------
+
+
+def ratio(runs: dict[str, Any], server: str, workload: str, clients: int, key: str) -> float | None:
+    mine = ((runs.get(server) or {}).get(workload) or {}).get(str(clients))
+    base = ((runs.get(OFF) or {}).get(workload) or {}).get(str(clients))
+    if not mine or not base or not mine.get(key) or not base.get(key):
+        return None
+    return mine[key] / base[key]
+
+
+def key_for(clients: int) -> str:
+    """One client: the median request's decode rate; several: completion tokens per wall second of the level."""
+    return "decode_tok_s_median" if clients == 1 else "aggregate_tok_s"
+
+
+def same_texts(runs: dict[str, Any], workload: str, clients: int) -> tuple[int, int] | None:
+    """How many greedy answers ngram gave exactly as off did (they may part at a near-tie: batch rounding)."""
+    mine = ((runs.get(NGRAM) or {}).get(workload) or {}).get(str(clients))
+    base = ((runs.get(OFF) or {}).get(workload) or {}).get(str(clients))
+    if not mine or not base:
+        return None
+    return sum(a == b for a, b in zip(mine["texts"], base["texts"])), len(base["texts"])
+
+
+def speculative_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    runs = results.get("runs") or {}
+    goals = [("code", 1, 1.6), ("code", 4, 1.2), ("prose", 1, 0.97), ("prose", 4, 0.97), ("prose", 8, 0.97)]
+    return [target(f"ours ngram / off, {workload}, {clients} client{'s' if clients > 1 else ''}, "
+                   f"{'decode tok/s' if clients == 1 else 'aggregate tok/s'}",
+                   ratio(runs, NGRAM, workload, clients, key_for(clients)), ">=", bound,
+                   [((runs.get(s) or {}).get(workload) or {}).get(str(clients)) for s in (NGRAM, OFF)])
+            for workload, clients, bound in goals]
+
+
+def share(value: float | None) -> str:
+    return "–" if value is None else f"{value * 100:.0f}%"
+
+
+def speculative_markdown(results: dict[str, Any]) -> str:
+    meta, runs = results["meta"], results.get("runs") or {}
+    lines = ["# Speculative decoding (issue 17)", "",
+             f"{meta['date']}, {meta['model']}, {meta['threads']} threads, commit {meta['commit']}"
+             f"{', quick' if meta.get('quick') else ''}. Greedy, non-streamed; decode tok/s by each server's own "
+             "timings (median request), aggregate = completion tokens / wall time of the level.", ""]
+    if meta.get("peer_note"):
+        lines += [f"> {meta['peer_note']}", ""]
+    lines += ["| workload | clients | server | decode tok/s | aggregate tok/s | vs off (decode / aggregate) | "
+              "accepted / drafted | same text as off | CPU taken by others |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for workload, levels in LEVELS.items():
+        for clients in levels:
+            for server in SERVERS:
+                run = ((runs.get(server) or {}).get(workload) or {}).get(str(clients))
+                if not run:
+                    continue
+                same = same_texts(runs, workload, clients) if server == NGRAM else None
+                lines.append(
+                    f"| {workload} | {clients} | {server} | {fmt(run['decode_tok_s_median'])} | "
+                    f"{fmt(run['aggregate_tok_s'])} | "
+                    f"{fmt(ratio(runs, server, workload, clients, 'decode_tok_s_median'), digits=2)} / "
+                    f"{fmt(ratio(runs, server, workload, clients, 'aggregate_tok_s'), digits=2)} | "
+                    f"{share(run.get('acceptance'))} | "
+                    f"{f'{same[0]}/{same[1]}' if same else ''} | {pct(run.get('neighbour_cpu'))} |")
+    costs = results.get("row_cost")
+    if costs:
+        lines += ["", f"What a draft row costs (in process: decode steps plus k rows with logits, ms, medians; each "
+                  f"sequence holds {ROW_COST_PROMPT} cells):", "",
+                  "| scenario | " + " | ".join(f"k={k}" for k in next(iter(costs["step_ms"].values())))
+                  + " | ms a row | row cost (a row / the fixed part) |",
+                  "|---:|" + "---:|" * (len(next(iter(costs["step_ms"].values()))) + 2)]
+        for b, by_rows in costs["step_ms"].items():
+            fit = costs["fits"][b]
+            lines.append(f"| {b} | " + " | ".join(fmt(v) for v in by_rows.values())
+                         + f" | {fmt(fit['per_row_ms'], digits=2)} | {fmt(fit['row_cost'], digits=3)} |")
+    lines += ["", "| target | value | bound | met |", "|---|---:|---:|---|"]
+    for check in results.get("targets") or speculative_targets(results):
+        verdict = {True: "yes", False: "**no**", None: "–"}[check["pass"]]
+        lines.append(f"| {check['check']} | {fmt(check['ratio'], digits=2)} | {check['target']} | {verdict}"
+                     f"{' (disturbed)' if check['disturbed'] else ''} |")
+    return "\n".join(lines) + "\n"
+

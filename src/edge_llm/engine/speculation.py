@@ -1,0 +1,176 @@
+"""Speculative decoding by prompt lookup: how many draft tokens each sequence verifies in a step. Pure, no llama.cpp.
+
+A decode step reads all the weights whatever its rows, so on a CPU a few more rows cost a fraction of a token's
+time: a draft of k tokens (engine/drafting.py) is verified in the same `llama_decode` as every sequence's next
+token, and the longest prefix the sampler agrees with, plus its own next token, is kept (engine/acceptance.py).
+
+Whether a draft row pays is a cost model. A step of N rows costs about `1 + ROW_COST * N` (in units of its fixed
+cost, the weights read once); a draft token at position j is worth p^j tokens, p being the sequence's recent rate
+of accepted draft positions for a match of that n-gram size. `allocate` adds draft rows across the batch in order of
+their worth while each is worth more than the tokens per cost the step already makes, so a sequence whose drafts
+keep failing (free prose) stops drafting, a sequence whose drafts are accepted drafts longer, and a batch full of
+sequences (where a row's cost is shared by more tokens) drafts only the surest guesses.
+
+Sampled requests (temperature > 0) speculate too, and their output distribution is unchanged: for a draft that is
+one guess (a point mass q), the standard speculative-sampling rule — accept the draft token d with probability
+min(1, p(d) / q(d)) = p(d), else draw from the residual p without d, renormalised — is the same as drawing from p
+and comparing with d, which is what verification does (engine/acceptance.py), one draw of the request's own
+sampler and seed per emitted token, as without drafts.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from edge_llm.engine.drafting import Draft, NgramDrafter
+
+if TYPE_CHECKING:
+    from edge_llm.engine.sequence import Sequence
+    from edge_llm.engine.step_plan import StepPlan
+
+# The cost of one more batch row relative to the fixed cost of a decode step, measured on the default model on 2
+# cores (benchmarks/README.md, speculative decoding). A constant, not measured as the engine runs: the drafts, and
+# so the batches, must follow from the tokens alone, or a request that runs alone would not repeat its answer
+# (docs/architecture.md, Repeatability).
+ROW_COST = 0.15
+# A row attends over every KV cell in use (llama.cpp's unified cache), so it costs more as they grow: per 1,000 cells.
+ROW_COST_PER_1K_CELLS = 0.0
+MAX_DRAFT = 32  # draft tokens a sequence verifies in one step at most
+MAX_DRAFT_ROWS = 64  # draft tokens in one step at most
+STATS_POSITIONS = MAX_DRAFT
+# Acceptance is estimated per n-gram size with exponential forgetting: the last ~10 verified positions count.
+DECAY = 0.9
+PRIOR_RATE = 0.5
+PRIOR_WEIGHT = 2.0
+
+
+@dataclass
+class AcceptanceRate:
+    """The recent rate at which drafted positions (reached: every position before them accepted) were accepted."""
+
+    accepted: float = PRIOR_RATE * PRIOR_WEIGHT
+    reached: float = PRIOR_WEIGHT
+
+    @property
+    def rate(self) -> float:
+        return self.accepted / self.reached
+
+    def update(self, reached: int, accepted: int) -> None:
+        for position in range(reached):
+            self.accepted = self.accepted * DECAY + (1.0 if position < accepted else 0.0)
+            self.reached = self.reached * DECAY + 1.0
+
+
+@dataclass
+class Speculation:
+    """One sequence's drafting state: its n-gram index, acceptance rates, the draft in flight, its counts."""
+
+    drafter: NgramDrafter = field(default_factory=NgramDrafter)
+    rates: dict[int, AcceptanceRate] = field(default_factory=dict)  # by n-gram size
+    candidate: Draft | None = None  # proposed this step, before the allocation cuts it
+    in_flight: tuple[int, ...] = ()  # the draft in this step's batch, verified after the decode
+    in_flight_ngram: int = 0
+    drafted: int = 0  # draft tokens verified so far
+    accepted: int = 0
+
+    def rate(self, ngram: int) -> float:
+        return self.rates.setdefault(ngram, AcceptanceRate()).rate
+
+    def propose(self, history: list[int], limit: int) -> Draft | None:
+        self.drafter.sync(history)
+        self.candidate = self.drafter.propose(min(limit, MAX_DRAFT))
+        return self.candidate
+
+    def verified(self, accepted: int) -> None:
+        """The draft in flight was verified: its first `accepted` tokens were right."""
+        drafted = len(self.in_flight)
+        reached = min(accepted + 1, drafted)  # positions checked: the accepted ones and the first wrong one
+        self.rates.setdefault(self.in_flight_ngram, AcceptanceRate()).update(reached, accepted)
+        self.drafted += drafted
+        self.accepted += accepted
+        self.in_flight = ()
+
+
+def allocate(candidates: list[tuple[Speculation, Draft]], decode_rows: int, room: int,
+             row_cost: float = ROW_COST) -> list[int]:
+    """How many tokens of each candidate draft go into this step (0: none), given the step's `decode_rows` and at
+    most `room` draft rows. Greedy by worth: a row is added while its expected tokens exceed what the step yields
+    per unit of cost so far times the row's cost."""
+    lengths = [0] * len(candidates)
+    rates = [spec.rate(draft.ngram) for spec, draft in candidates]
+    heap = [(-rate, i, 1) for i, rate in enumerate(rates) if candidates[i][1].tokens]
+    heapq.heapify(heap)
+    tokens = float(decode_rows)
+    cost = 1.0 + row_cost * decode_rows
+    added = 0
+    while heap and added < min(room, MAX_DRAFT_ROWS):
+        negative_worth, i, position = heapq.heappop(heap)
+        worth = -negative_worth
+        if worth <= row_cost * tokens / cost:
+            break  # the heap is ordered by worth: no later row pays either
+        lengths[i] = position
+        tokens += worth
+        cost += row_cost
+        added += 1
+        if position < len(candidates[i][1].tokens):
+            heapq.heappush(heap, (-(worth * rates[i]), i, position + 1))
+    return lengths
+
+
+def row_cost_at(base: float, cells_in_use: int) -> float:
+    """The row cost when `cells_in_use` KV cells are held (`base`: with few)."""
+    return base + ROW_COST_PER_1K_CELLS * cells_in_use / 1000
+
+
+def lay_out_drafts(plan: StepPlan, room: int, row_cost: float = ROW_COST) -> list[tuple[Sequence, int]]:
+    """Adds the drafts worth verifying to `plan`, after its decode tokens (at most `room` rows and cells), each at
+    the positions after its sequence's pending token; the caller charges the cells. Returns (sequence, rows)."""
+    candidates: list[tuple[Speculation, Draft]] = []
+    owners: list[Sequence] = []
+    for sequence, _ in plan.samples:
+        speculation = sequence.speculation
+        if speculation is None:
+            continue
+        # The tokens emitted after this step (the accepted draft and one more) stay within max_tokens.
+        limit = sequence.max_tokens - sequence.generated - 1
+        draft = speculation.propose(sequence.kv_tokens, limit) if limit > 0 else None
+        if draft is not None:
+            candidates.append((speculation, draft))
+            owners.append(sequence)
+    if not candidates:
+        return []
+    added: list[tuple[Sequence, int]] = []
+    for sequence, (speculation, draft), length in zip(owners, candidates,
+                                                    allocate(candidates, len(plan.samples), room, row_cost)):
+        if not length:
+            continue
+        speculation.in_flight = draft.tokens[:length]
+        speculation.in_flight_ngram = draft.ngram
+        rows = [plan.add(token, sequence.n_past + offset, sequence.seq_id, True)
+                for offset, token in enumerate(speculation.in_flight)]
+        sequence.kv_tokens.extend(speculation.in_flight)
+        sequence.n_past += length
+        plan.drafts.append((sequence, rows))
+        added.append((sequence, length))
+    return added
+
+
+class SpeculationStats:
+    """Engine-wide counters (ints replaced whole, readable from any thread): drafted and accepted tokens, and by
+    draft position (1-based) how often a drafted token there was accepted."""
+
+    def __init__(self) -> None:
+        self.drafted = 0
+        self.accepted = 0
+        self.drafted_at = [0] * STATS_POSITIONS
+        self.accepted_at = [0] * STATS_POSITIONS
+
+    def record(self, drafted: int, accepted: int) -> None:
+        self.drafted += drafted
+        self.accepted += accepted
+        for position in range(min(drafted, STATS_POSITIONS)):
+            self.drafted_at[position] += 1
+            if position < accepted:
+                self.accepted_at[position] += 1
