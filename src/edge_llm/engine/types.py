@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -117,6 +118,8 @@ class EngineStats:
     kv_cells_total: int
     preemptions: int = 0  # since start: running sequences put back in the queue to free KV cells
     evictions: dict[str, int] = field(default_factory=dict)  # since start: prefix-cache entries dropped, by reason
+    kv_bytes_per_cell: int = 0  # K and V of one cell in every layer, in the cache's types (0: unknown)
+    disk_cache: dict[str, Any] | None = None  # the persistent prefix cache's figures (engine/prefix_disk.py), if on
 
 
 # What flows back on a request's reply channel, in order: TextDelta*, then Finished or Failed.
