@@ -57,6 +57,12 @@ def ttft(url: str, system: str, question: str) -> dict[str, float]:
     return {"ttft_s": (first or time.perf_counter()) - started, "prompt_tokens": prompt, "cached_tokens": cached}
 
 
+def warm_up(url: str) -> None:
+    """A short request first, so that no figure carries the first decode's one-time costs."""
+    httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+               timeout=300)
+
+
 def engine_costs(log: str) -> dict[str, Any]:
     copies = [{"tokens": int(m[1]), "mib": float(m[2]), "ms": float(m[3])} for m in COPY.finditer(log)]
     loads = [{"tokens": int(m[1]), "shared": int(m[2]), "ms": float(m[3])} for m in LOAD.finditer(log)]
@@ -70,6 +76,7 @@ def run_prefix_restart(model: Path, plan: Plan) -> dict[str, Any]:
         flags = ("--parallel", "4", "--log-level", "info", "--log-format", "text", "--prefix-cache-dir", directory)
         with run_server(RESULTS, *flags, model=model, threads=THREADS, startup_timeout=300,
                         log_name="prefix-restart-1.log") as server:
+            warm_up(server.url)
             for r in range(rounds):
                 cold = ttft(server.url, prefix(r), QUESTIONS[0])
                 warm = ttft(server.url, prefix(r), QUESTIONS[1])
@@ -82,6 +89,7 @@ def run_prefix_restart(model: Path, plan: Plan) -> dict[str, Any]:
         results["disk_bytes"] = sum(p.stat().st_size for p in Path(directory).glob("*.kv"))
         with run_server(RESULTS, *flags, model=model, threads=THREADS, startup_timeout=300,
                         log_name="prefix-restart-2.log") as server:
+            warm_up(server.url)
             for r in range(rounds):
                 results["rounds"][r]["after_restart"] = ttft(server.url, prefix(r), QUESTIONS[2])
                 results["rounds"][r]["warm_after_restart"] = ttft(server.url, prefix(r), QUESTIONS[3])

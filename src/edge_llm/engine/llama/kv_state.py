@@ -17,12 +17,12 @@ import llama_cpp
 logger = logging.getLogger(__name__)
 
 
-def read_sequence_state(ctx: llama_cpp.llama_context_p, seq_id: int) -> bytes:
-    """A copy of `seq_id`'s KV state (cells and their K/V rows)."""
+def read_sequence_state(ctx: llama_cpp.llama_context_p, seq_id: int) -> bytearray:
+    """A copy of `seq_id`'s KV state (cells and their K/V rows), written straight into the returned buffer."""
     size = llama_cpp.llama_state_seq_get_size(ctx, seq_id)
-    buffer = (ctypes.c_uint8 * size)()
-    written = llama_cpp.llama_state_seq_get_data(ctx, buffer, size, seq_id)
-    return bytes(memoryview(buffer)[:written])
+    data = bytearray(size)
+    written = llama_cpp.llama_state_seq_get_data(ctx, (ctypes.c_uint8 * size).from_buffer(data), size, seq_id)
+    return data if written == size else data[:written]
 
 
 def write_sequence_state(ctx: llama_cpp.llama_context_p, seq_id: int, data: bytes) -> bool:

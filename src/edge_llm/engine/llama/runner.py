@@ -280,7 +280,7 @@ class LlamaRunner:
             elif isinstance(op, KvShift):
                 llama_cpp.llama_memory_seq_add(self._memory, op.seq_id, op.start, op.end, op.delta)
 
-    def save_sequence_state(self, seq_id: int) -> bytes:
+    def save_sequence_state(self, seq_id: int) -> bytearray:
         """A copy of `seq_id`'s KV state, for the persistent prefix cache."""
         return read_sequence_state(self._ctx, seq_id)
 
