@@ -222,6 +222,9 @@ class PrefixStore:
         """The entry's verified state, its use recorded; None (with a warning, the file deleted) when it fails the
         checks."""
         path = self.directory / entry.name
+        with self._lock:
+            if self._entries.get(entry.name) is not entry:
+                return None  # evicted or replaced by the writer since it was found
         try:
             state = read_state(path, entry.header)
         except EntryError as exc:
