@@ -188,7 +188,8 @@ def run_kv_types(model: Path, plan: Plan) -> dict[str, Any]:
             (i for i, (a, b) in enumerate(zip(row["answer_tokens"], reference["answer_tokens"])) if a != b),
             min(len(row["answer_tokens"]), len(reference["answer_tokens"])))
         row["quality_tokens"] = ours["tokens"]
-        del ours["loglik"], ours["greedy"]
+    for row in results["types"]:
+        del row["quality"]["loglik"], row["quality"]["greedy"]  # per position: too long for the results file
     return results
 
 
