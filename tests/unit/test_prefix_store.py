@@ -13,6 +13,7 @@ from edge_llm.engine.prefix_disk import DiskPrefixCache
 from edge_llm.engine.prefix_store import KEY_TOKENS, PrefixStore, entry_name, kv_fingerprint, read_header
 from edge_llm.engine.scheduler import Scheduler
 from edge_llm.engine.step_plan import KvOp
+from edge_llm.engine.types import FinishReason
 
 FP = "a" * 64
 STATE = bytes(range(256)) * 40  # 10 KiB of opaque "KV state"
@@ -169,7 +170,7 @@ def finish_one(scheduler: Scheduler, disk: DiskPrefixCache, runner: FakeRunner, 
         if sequence.phase.value == "decode":
             scheduler.on_sampled(sequence, 5)
             break
-    disk.on_finished(sequence, runner)
+    disk.on_finished(sequence, FinishReason.STOP, runner)
     scheduler.remove(sequence, keep_in_cache=True)
 
 

@@ -25,6 +25,7 @@ from edge_llm.engine.scheduler import Scheduler
 from edge_llm.engine.sequence import Phase, Sequence
 from edge_llm.engine.step_plan import KvOp
 from edge_llm.engine.token_match import common_prefix_length
+from edge_llm.engine.types import FinishReason
 
 logger = logging.getLogger(__name__)
 
@@ -53,10 +54,16 @@ class DiskPrefixCache:
 
     # ---- lifecycle (engine thread) -----------------------------------------------------------
 
-    def start(self) -> None:
-        """Reads the index and starts the writer; on the engine thread, once the model is loaded."""
-        self.store.scan()
+    def start(self) -> bool:
+        """Reads the index and starts the writer; on the engine thread, once the model is loaded. False (logged)
+        when the directory cannot be read: the server then runs without the persistent cache."""
+        try:
+            self.store.scan()
+        except OSError as exc:  # the directory was checked at start-up; it may have gone since
+            logger.error("the persistent prefix cache is off: %s", exc)
+            return False
         self._writer.start()
+        return True
 
     def close(self, timeout: float = 30.0) -> None:
         """Lets the writer finish the saves already queued (a graceful stop keeps them)."""
@@ -108,11 +115,11 @@ class DiskPrefixCache:
     def forget(self, request_id: str) -> None:
         self._candidates.pop(request_id, None)
 
-    def on_finished(self, sequence: Sequence, runner: StateRunner) -> None:
+    def on_finished(self, sequence: Sequence, reason: FinishReason, runner: StateRunner) -> None:
         """Saves a finished sequence's KV when it is worth it (see the module's rule); call it before the sequence
         leaves the scheduler, while its cells are still its own."""
         self._candidates.pop(sequence.request_id, None)
-        if not sequence.use_cache or sequence.phase is not Phase.DECODE or sequence.moved is not None:
+        if reason not in (FinishReason.STOP, FinishReason.LENGTH) or not sequence.use_cache or sequence.phase is not Phase.DECODE or sequence.moved is not None:
             return
         tokens = tuple(sequence.kv_tokens)
         if len(tokens) < self.min_new_tokens or len(tokens) != sequence.n_past:

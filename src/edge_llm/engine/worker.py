@@ -194,7 +194,8 @@ class Engine:
             self._loaded.set()
         if error is None:
             logger.info("model loaded in %.1f s", time.monotonic() - started)
-            self._start_disk_cache()
+            if self._disk is not None and not self._disk.start():
+                self._disk = None
             try:
                 self._loop()
             except BaseException as exc:  # noqa: BLE001
@@ -219,15 +220,6 @@ class Engine:
             self.runner.close()  # here only: on the engine thread, after its last decode and the close hooks
         if self._on_exit is not None:
             self._on_exit(error)
-
-    def _start_disk_cache(self) -> None:
-        if self._disk is None:
-            return
-        try:
-            self._disk.start()
-        except OSError as exc:  # the directory was checked at start-up; it may have gone since
-            logger.error("the persistent prefix cache is off: %s", exc)
-            self._disk = None
 
     def _run_close_hooks(self) -> None:
         with self._lock:
@@ -409,10 +401,7 @@ class Engine:
         phase = phase_name(sequence)
         del self._active[active.request.request_id]
         if self._disk is not None:
-            if reason in (FinishReason.STOP, FinishReason.LENGTH):
-                self._disk.on_finished(sequence, self.runner)
-            else:
-                self._disk.forget(sequence.request_id)
+            self._disk.on_finished(sequence, reason, self.runner)  # saved if worth it, while its cells are its own
         self._scheduler.remove(sequence, keep_in_cache=True)
         if active.sampler is not None:
             active.sampler.close()
