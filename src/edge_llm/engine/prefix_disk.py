@@ -101,8 +101,13 @@ class DiskPrefixCache:
             del self._candidates[sequence.request_id]
             runner.apply_kv_ops(scheduler.flush_ops())  # a removal queued for this id must not follow the load
             started = time.monotonic()
-            state = self.store.load(entry)
-            if state is not None and runner.load_sequence_state(seq_id, state):
+            try:
+                state = self.store.load(entry)
+                loaded = state is not None and runner.load_sequence_state(seq_id, state)
+            except Exception:  # noqa: BLE001 - a failed load costs that request its prefix, never the engine
+                logger.exception("loading a saved prefix failed")
+                state, loaded = None, False
+            if loaded:
                 scheduler.adopt_entry(seq_id, entry.tokens)
                 self.last_load_ms = (time.monotonic() - started) * 1000
                 logger.info("loaded a saved prefix of %d tokens (%d shared) in %.1f ms", len(entry.tokens), length,
