@@ -131,8 +131,10 @@ def prefix_restart_markdown(results: dict[str, Any]) -> str:
         "",
         f"After a restart / warm: **{summary['restart_over_warm']:.2f}×** (goal ≤ 2×: "
         f"{'met' if summary['goal_met'] else 'not met'}); cold / warm: {summary['cold_over_warm']:.1f}×.",
-        f"Engine thread: a save's state copy {summary['copy_ms_median']} ms (median of {len(results['copies'])}), "
-        f"a load (read, checksum, into the KV) {summary['load_ms_median']} ms (median of {len(results['loads'])}); "
+        f"Engine thread: a save's state copy {summary['copy_ms_median'] or 0:.1f} ms (median of "
+        f"{len(results['copies'])}), a load (read, checksum, into the KV) {summary['load_ms_median'] or 0:.1f} ms "
+        f"(median of {len(results['loads'])}); load average {meta.get('loadavg_before', 0):.1f} before, "
+        f"{meta.get('loadavg_after', 0):.1f} after; "
         f"{results['saved_entries']} entries, {results['disk_bytes'] / 2**20:.1f} MiB on disk.",
     ]
     return "\n".join(lines) + "\n"
