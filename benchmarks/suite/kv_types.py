@@ -18,6 +18,7 @@ import logging
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -165,31 +166,36 @@ def serve_and_measure(model: Path, type_k: str, type_v: str, prompt: str, plan: 
         }
 
 
-def run_kv_types(model: Path, plan: Plan) -> dict[str, Any]:
+def run_kv_types(model: Path, plan: Plan, checkpoint: Callable[[dict[str, Any]], None] = lambda _: None) -> dict[str, Any]:
+    """Quality of every type first (in process), then each type's server; `checkpoint(results)` after each step, so
+    that a run cut short keeps what it measured."""
     facts = read_model_facts(model)
     prompt = shared_prefix_text(24)
     results: dict[str, Any] = {"types": []}
+    positions: list[dict[str, Any]] = []
     for type_k, type_v in TYPES[:3] if plan.quick else TYPES:
-        logger.info("KV cache %s", label(type_k, type_v))
+        logger.info("KV cache %s: quality", label(type_k, type_v))
         row: dict[str, Any] = {"type_k": type_k, "type_v": type_v, "label": label(type_k, type_v),
                                "kv_bytes_estimate": facts.memory(CTX, n_seq=12, cache_type_k=type_k,
                                                                  cache_type_v=type_v).kv_cache_bytes}
-        row["quality"] = teacher_forced(model, type_k, type_v)
-        row.update(serve_and_measure(model, type_k, type_v, prompt, plan))
-        results["types"].append(row)
-    reference = results["types"][0]
-    for row in results["types"]:
-        ours, base = row["quality"], reference["quality"]
-        same = sum(a == b for a, b in zip(ours["greedy"], base["greedy"]))
-        row["greedy_agreement"] = same / len(base["greedy"])
+        quality = teacher_forced(model, type_k, type_v)
+        positions.append({"loglik": quality.pop("loglik"), "greedy": quality.pop("greedy")})
+        row["quality"] = quality
+        ours, base = positions[-1], positions[0]
+        row["greedy_agreement"] = sum(a == b for a, b in zip(ours["greedy"], base["greedy"])) / len(base["greedy"])
         row["mean_loglik"] = statistics.fmean(ours["loglik"])
         row["mean_loglik_diff"] = row["mean_loglik"] - statistics.fmean(base["loglik"])
-        row["answer_agreeing_tokens"] = next(
-            (i for i, (a, b) in enumerate(zip(row["answer_tokens"], reference["answer_tokens"])) if a != b),
-            min(len(row["answer_tokens"]), len(reference["answer_tokens"])))
-        row["quality_tokens"] = ours["tokens"]
+        row["quality_tokens"] = quality["tokens"]
+        results["types"].append(row)
+        checkpoint(results)
     for row in results["types"]:
-        del row["quality"]["loglik"], row["quality"]["greedy"]  # per position: too long for the results file
+        logger.info("KV cache %s: server", row["label"])
+        row.update(serve_and_measure(model, row["type_k"], row["type_v"], prompt, plan))
+        reference = results["types"][0]["answer_tokens"]
+        row["answer_agreeing_tokens"] = next(
+            (i for i, (a, b) in enumerate(zip(row["answer_tokens"], reference)) if a != b),
+            min(len(row["answer_tokens"]), len(reference)))
+        checkpoint(results)
     return results
 
 
@@ -208,9 +214,13 @@ def kv_types_markdown(results: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in results["types"]:
+        served = "decode_tok_s_1" in row
+        server = (f"{row['kv_bytes_gauge'] / 2**20:.1f} MiB | {row['rss_after_bytes'] / 2**20:.0f} MiB "
+                  f"| {row['decode_tok_s_1']:.1f} | {row['decode_tok_s_4_each']:.1f} | {row['tok_s_4_aggregate']:.1f}"
+                  if served else "not measured | | | |")
+        answer = f"{row['answer_agreeing_tokens']} of {AGREEMENT_TOKENS}" if served else "not measured"
         lines.append(
-            f"| {row['label']} | {row['kv_bytes_estimate'] / 2**20:.1f} MiB | {row['kv_bytes_gauge'] / 2**20:.1f} MiB "
-            f"| {row['rss_after_bytes'] / 2**20:.0f} MiB | {row['decode_tok_s_1']:.1f} | {row['decode_tok_s_4_each']:.1f} "
-            f"| {row['tok_s_4_aggregate']:.1f} | {row['greedy_agreement'] * 100:.1f}% | {row['mean_loglik']:.4f} "
-            f"| {row['mean_loglik_diff']:+.4f} | {row['answer_agreeing_tokens']} of {AGREEMENT_TOKENS} |")
+            f"| {row['label']} | {row['kv_bytes_estimate'] / 2**20:.1f} MiB | {server} "
+            f"| {row['greedy_agreement'] * 100:.1f}% | {row['mean_loglik']:.4f} "
+            f"| {row['mean_loglik_diff']:+.4f} | {answer} |")
     return "\n".join(lines) + "\n"

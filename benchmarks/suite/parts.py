@@ -148,7 +148,14 @@ def run_infill_part(args: argparse.Namespace, plan: Plan, model: Path, binary: P
 
 def run_kv_types_part(args: argparse.Namespace, plan: Plan, model: Path, binary: Path | None) -> dict[str, Any]:
     wait_for_quiet("KV cache types", plan.quiet_wait_s)
-    return {"meta": {**metadata(model, plan, None), "peer_note": "ours only"}, **run_kv_types(model, plan)}
+    results: dict[str, Any] = {"meta": {**metadata(model, plan, None), "peer_note": "ours only"}}
+
+    def checkpoint(measured: dict[str, Any]) -> None:  # a run cut short still leaves what it measured
+        results.update(measured)
+        write_part(args.out, "kv-types", results)
+
+    results.update(run_kv_types(model, plan, checkpoint))
+    return results
 
 
 def run_prefix_restart_part(args: argparse.Namespace, plan: Plan, model: Path, binary: Path | None) -> dict[str, Any]:
