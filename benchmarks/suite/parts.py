@@ -1,6 +1,7 @@
 """The parts that run alone (`run_benchmarks.py --only PART`): structured outputs (issue 14), the real-client
 workload (issue 12) and the editor's keystroke replay on /infill (issue 16), ours and llama.cpp's llama-server side
-by side when its binary is found (and not --skip-peer). Each writes its own results/PART.{json,md} and leaves
+by side when its binary is found (and not --skip-peer); the KV cache types and the persistent prefix cache across a
+restart (issue 21), ours alone. Each writes its own results/PART.{json,md} and leaves
 latest.* to the full run."""
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ from edge_llm.models.fetch import default_model_path
 from . import processes
 from .keystrokes import PEER_FLAGS, PEER_PARALLEL, run_keystrokes, workload
 from .keystrokes_report import infill_markdown, keystroke_targets, summarize
+from .kv_types import kv_types_markdown, run_kv_types
 from .load import shared_prefix_text
 from .measure import wait_for_quiet
 from .plan import REPO, RESULTS, THREADS, Plan
+from .prefix_restart import prefix_restart_markdown, run_prefix_restart
 from .real_client import CLIENTS, PREFIX_RULES, QUESTIONS, SEED, TEMPERATURE, run_real_client
 from .run import git_commit
 from .speculative import NGRAM, OFF, PEER_FLAGS, row_costs, run_speculative, speculative_markdown, speculative_targets
@@ -45,7 +48,7 @@ from .structured_report import OURS, PEER, real_client_markdown, structured_mark
 
 logger = logging.getLogger(__name__)
 
-PARTS = ("structured", "real-client", "infill", "speculative")
+PARTS = ("structured", "real-client", "infill", "speculative", "kv-types", "prefix-restart")
 
 
 def measured_commit() -> str:
@@ -172,11 +175,30 @@ def run_speculative_part(args: argparse.Namespace, plan: Plan, model: Path, bina
     return results
 
 
+def run_kv_types_part(args: argparse.Namespace, plan: Plan, model: Path, binary: Path | None) -> dict[str, Any]:
+    wait_for_quiet("KV cache types", plan.quiet_wait_s)
+    results: dict[str, Any] = {"meta": {**metadata(model, plan, None), "peer_note": "ours only"}}
+
+    def checkpoint(measured: dict[str, Any]) -> None:  # a run cut short still leaves what it measured
+        results.update(measured)
+        write_part(args.out, "kv-types", results)
+
+    results.update(run_kv_types(model, plan, checkpoint))
+    return results
+
+
+def run_prefix_restart_part(args: argparse.Namespace, plan: Plan, model: Path, binary: Path | None) -> dict[str, Any]:
+    wait_for_quiet("prefix cache across a restart", plan.quiet_wait_s)
+    return {"meta": {**metadata(model, plan, None), "peer_note": "ours only"}, **run_prefix_restart(model, plan)}
+
+
 RUNNERS: dict[str, tuple[Callable[..., dict[str, Any]], Callable[[dict[str, Any]], str]]] = {
     "structured": (run_structured, structured_markdown),
     "real-client": (run_real_client_part, real_client_markdown),
     "infill": (run_infill_part, infill_markdown),
     "speculative": (run_speculative_part, speculative_markdown),
+    "kv-types": (run_kv_types_part, kv_types_markdown),
+    "prefix-restart": (run_prefix_restart_part, prefix_restart_markdown),
 }
 
 

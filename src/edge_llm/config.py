@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ByteSize, Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -24,6 +24,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from edge_llm.engine.kv_types import KvCacheType, is_quantized
 from edge_llm.models.fetch import MODELS_DIR_ENV, default_model_path
 
 logger = logging.getLogger(__name__)
@@ -115,6 +116,34 @@ class Settings(BaseSettings):
     )
     queue_capacity: int = Field(
         32, ge=1, description="Most requests waiting for a free sequence; more get 503 with Retry-After."
+    )
+    cache_type_k: KvCacheType = Field(
+        "f16", description="Data type of the KV cache's keys: f16, or q8_0 (about half of f16's memory), q4_0 (about "
+        "a quarter), q4_1, q5_0, q5_1, iq4_nl, bf16, f32, as llama-server's -ctk."
+    )
+    cache_type_v: KvCacheType = Field(
+        "f16", description="Data type of the KV cache's values (as --cache-type-k; a quantized type needs flash "
+        "attention), as llama-server's -ctv."
+    )
+    flash_attn: Literal["auto", "on", "off"] = Field(
+        "auto", description="Flash attention: auto (llama.cpp turns it on where the backend supports it: on CPU "
+        "always, and always for a quantized V cache), on, or off (then --cache-type-v must not be quantized)."
+    )
+    prefix_cache_dir: Path | None = Field(
+        None, description="Directory where finished sequences' KV state is kept across restarts (the persistent "
+        "prefix cache; off by default). See README, The persistent prefix cache."
+    )
+    prefix_cache_disk_budget: ByteSize = Field(
+        ByteSize(1 << 30), description="Most bytes the persistent prefix cache keeps on disk (e.g. 512MiB, 2GB); "
+        "least recently used entries are deleted beyond it."
+    )
+    prefix_cache_min_tokens: int = Field(
+        256, ge=16, description="A finished sequence is saved to --prefix-cache-dir when it holds at least this many "
+        "tokens that no saved entry already starts with."
+    )
+    prefix_cache_write_stall: float = Field(
+        0.0, ge=0, description="TEST ONLY: seconds each prefix-cache save waits halfway through writing its "
+        "temporary file (to test a kill during a save)."
     )
 
     # HTTP
@@ -212,6 +241,13 @@ class Settings(BaseSettings):
     def _expand_model_path(cls, value: Any) -> Any:
         return Path(value).expanduser() if isinstance(value, (str, Path)) else value
 
+    @field_validator("prefix_cache_dir", mode="before")
+    @classmethod
+    def _expand_cache_dir(cls, value: Any) -> Any:
+        if value in ("", None):
+            return None
+        return Path(value).expanduser() if isinstance(value, (str, Path)) else value
+
     @field_validator("config", mode="before")
     @classmethod
     def _no_file_for_an_empty_name(cls, value: Any) -> Any:
@@ -252,6 +288,15 @@ class Settings(BaseSettings):
     def _batch_holds_every_sequence(self) -> Settings:
         if self.batch_size < self.parallel:
             raise ValueError(f"batch_size ({self.batch_size}) must be at least parallel ({self.parallel})")
+        return self
+
+    @model_validator(mode="after")
+    def _kv_settings_llama_cpp_accepts(self) -> Settings:
+        if is_quantized(self.cache_type_v) and self.flash_attn == "off":
+            raise ValueError(f"--cache-type-v {self.cache_type_v} needs flash attention: drop --flash-attn off, "
+                             "or keep V in f16")
+        if self.prefix_cache_dir is not None and self.cache_slots == 0:
+            raise ValueError("--prefix-cache-dir needs the in-memory prefix cache: --cache-slots must be at least 1")
         return self
 
     @property

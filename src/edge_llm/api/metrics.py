@@ -221,6 +221,23 @@ class _LiveCollector(Collector):
                     stats.kv_cells_used)
         yield gauge("edge_llm_kv_cells_total", "KV-cache size in cells (tokens).", stats.kv_cells_total)
         yield gauge("edge_llm_kv_cache_usage_ratio", "Used share of the KV cache (0..1).", kv_cache_usage(stats))
+        if stats.kv_bytes_per_cell:
+            yield gauge("edge_llm_kv_cache_bytes_used", "Bytes of the KV cells in use (cells used x bytes per cell in "
+                        "the cache's K and V types).", stats.kv_cells_used * stats.kv_bytes_per_cell)
+            yield gauge("edge_llm_kv_cache_bytes_total", "Bytes of the KV cache (cells x bytes per cell in the "
+                        "--cache-type-k/-v types).", stats.kv_cells_total * stats.kv_bytes_per_cell)
+        disk = stats.disk_cache
+        if disk is not None:
+            yield gauge("edge_llm_prefix_disk_entries", "Entries of the persistent prefix cache on disk.",
+                        disk["entries"])
+            yield gauge("edge_llm_prefix_disk_bytes", "Bytes of the persistent prefix cache's entries on disk.",
+                        disk["bytes"])
+            events = CounterMetricFamily("edge_llm_prefix_disk_events", "Persistent prefix cache: entries saved, "
+                                         "loaded into the KV cache, rejected (damaged, truncated or refused) and "
+                                         "evicted (disk budget, covered by a longer entry).", labels=["event"])
+            for event in ("saved", "loaded", "rejected", "evicted"):
+                events.add_metric([event], disk[event])
+            yield events
         yield CounterMetricFamily("edge_llm_preemptions", "Running sequences put back in the queue to free KV "
                                   "cells (they resume by recomputing).", value=stats.preemptions)
         evictions = CounterMetricFamily("edge_llm_prefix_cache_evictions", "Prefix-cache entries dropped, by reason.",

@@ -12,7 +12,7 @@ import shlex
 from edge_llm.config import Settings
 from edge_llm.registry.keep_alive import describe_keep_alive
 from edge_llm.registry.registry import ModelRegistry
-from edge_llm.models.gguf_info import human_bytes
+from edge_llm.models.gguf_info import human_bytes, kv_types_label
 from edge_llm.cli.preflight import model_facts
 
 logger = logging.getLogger("edge_llm.banner")
@@ -41,7 +41,9 @@ def log_banner(settings: Settings) -> None:
     url = local_url(settings.host, settings.port)
     quantization = facts.quantization if facts else "unknown"
     memory = facts.memory(settings.ctx_size, n_ubatch=min(settings.batch_size, 512),
-                          n_seq=settings.parallel + settings.cache_slots) if facts else None
+                          n_seq=settings.parallel + settings.cache_slots, cache_type_k=settings.cache_type_k,
+                          cache_type_v=settings.cache_type_v) if facts else None
+    kv_types = kv_types_label(settings.cache_type_k, settings.cache_type_v)
     fields = {
         "model": settings.model_name,
         "model_path": str(settings.model),
@@ -50,6 +52,10 @@ def log_banner(settings: Settings) -> None:
         "threads": settings.threads,
         "parallel": settings.parallel,
         "memory_estimate_bytes": memory.total_bytes if memory else None,
+        "kv_cache_bytes": memory.kv_cache_bytes if memory else None,
+        "cache_type_k": settings.cache_type_k,
+        "cache_type_v": settings.cache_type_v,
+        "prefix_cache_dir": str(settings.prefix_cache_dir) if settings.prefix_cache_dir else None,
         "web_chat": url + "/",
         "curl": curl_example(url, settings.model_name, has_keys),
     }
@@ -60,7 +66,8 @@ def log_banner(settings: Settings) -> None:
         return
     trained = f" (trained on {facts.context_length:,})" if facts and facts.context_length else ""
     memory_line = (f"~{human_bytes(memory.total_bytes)} = weights {human_bytes(memory.weights_bytes)} + "
-                   f"KV cache {human_bytes(memory.kv_cache_bytes)} + compute ~{human_bytes(memory.compute_bytes)} + "
+                   f"KV cache {human_bytes(memory.kv_cache_bytes)} ({kv_types}) + "
+                   f"compute ~{human_bytes(memory.compute_bytes)} + "
                    f"embeddings ~{human_bytes(memory.embedding_bytes)}"
                    if memory else "unknown (the model header could not be read)")
     lines = [
@@ -70,6 +77,11 @@ def log_banner(settings: Settings) -> None:
         f"  context     {settings.ctx_size:,} tokens shared by up to {settings.parallel} parallel sequences{trained}",
         f"  threads     {settings.threads} (prompt {settings.threads_batch or settings.threads})",
         f"  memory      {memory_line}",
+    ]
+    if settings.prefix_cache_dir is not None:
+        lines.append(f"  disk cache  {settings.prefix_cache_dir} (up to {human_bytes(int(settings.prefix_cache_disk_budget))}"
+                     f", entries of at least {settings.prefix_cache_min_tokens} new tokens)")
+    lines += [
         f"  web chat    {url}/",
         f"  try it      {curl_example(url, settings.model_name, has_keys)}",
     ]

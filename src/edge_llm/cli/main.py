@@ -45,6 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help=f"the GGUF file (default: the default model, {default_model_path()})")
     info.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     info.add_argument("--ctx", type=int, default=8192, metavar="N", help="context size for the memory estimate")
+    from edge_llm.engine.kv_types import KV_TYPES
+
+    for which in ("k", "v"):
+        info.add_argument(f"--cache-type-{which}", choices=tuple(KV_TYPES), default="f16", metavar="TYPE",
+                          help=f"KV cache type of the {'keys' if which == 'k' else 'values'} for the memory "
+                          f"estimate, as `serve --cache-type-{which}` (default: %(default)s; {', '.join(KV_TYPES)})")
     info.set_defaults(handler=_model_info)
 
     chat = commands.add_parser("chat", help="chat with a running server in the terminal (or one-shot with -p)",
@@ -95,7 +101,8 @@ def _model_info(args: argparse.Namespace) -> int:
 
     defaults = Settings.model_fields
     return run_info(args.path or default_model_path(), as_json=args.json, n_ctx=args.ctx,
-                    n_seq=defaults["parallel"].default + defaults["cache_slots"].default)
+                    n_seq=defaults["parallel"].default + defaults["cache_slots"].default,
+                    cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v)
 
 
 def _model_list(args: argparse.Namespace) -> int:
@@ -150,6 +157,8 @@ def _serve(args: argparse.Namespace) -> int:
         settings = settings_from_args(args)
     except ValidationError as exc:
         first = exc.errors()[0]
+        if not first["loc"]:  # a rule across settings (a model validator): its message names the flags
+            return _fail(str(first["msg"]).removeprefix("Value error, "))
         return _fail(f"invalid setting {'.'.join(map(str, first['loc']))}: {first['msg']}")
     _configure_logging(settings.log_level, settings.log_format)
     from edge_llm.cli.preflight import preflight
@@ -248,6 +257,8 @@ def _engine_factory(settings: Settings):  # type: ignore[no-untyped-def]
             request_timeout=settings.request_timeout,
             keep_text=settings.log_prompts,
             speculative=settings.speculative == "ngram",
+            kv_bytes_per_cell=_kv_bytes_per_cell(settings, spec.path),
+            disk_cache=_disk_cache(settings, spec.path, spec.name),
         ))
 
     return make
@@ -268,7 +279,33 @@ def _runner_factory(settings: Settings, path: Path, log_name: str | None):  # ty
                 n_seq_max=settings.parallel + settings.cache_slots,
                 n_threads=settings.threads,
                 n_threads_batch=settings.threads_batch or settings.threads,
+                cache_type_k=settings.cache_type_k,
+                cache_type_v=settings.cache_type_v,
+                flash_attn=settings.flash_attn,
             ),
         )
 
     return load
+
+
+def _kv_bytes_per_cell(settings: Settings, path: Path) -> int:
+    from edge_llm.cli.preflight import model_facts
+
+    facts = model_facts(path)
+    return facts.kv_bytes_per_token(settings.cache_type_k, settings.cache_type_v) if facts else 0
+
+
+def _disk_cache(settings: Settings, path: Path, name: str):  # type: ignore[no-untyped-def]
+    """The persistent prefix cache (engine/prefix_disk.py) when --prefix-cache-dir is set; with --models-dir, a
+    folder of it per model (each under the whole disk budget)."""
+    if settings.prefix_cache_dir is None:
+        return None
+    from edge_llm.engine.prefix_disk import DiskPrefixCache
+    from edge_llm.engine.prefix_store import PrefixStore, kv_fingerprint
+
+    directory = settings.prefix_cache_dir if settings.models_dir is None else settings.prefix_cache_dir / name
+    fingerprint = kv_fingerprint(path, cache_type_k=settings.cache_type_k,
+                                 cache_type_v=settings.cache_type_v, flash_attn=settings.flash_attn)
+    store = PrefixStore(directory, fingerprint, budget_bytes=int(settings.prefix_cache_disk_budget))
+    return DiskPrefixCache(store, min_new_tokens=settings.prefix_cache_min_tokens,
+                           write_stall_s=settings.prefix_cache_write_stall)

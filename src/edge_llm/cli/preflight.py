@@ -1,7 +1,7 @@
 """Checks `edge-llm serve` makes before it loads anything, so that the mistakes people meet end with
 one line saying what happened and what to do: the model file is missing (the line names where it
-looked) or is not GGUF, the port is taken (or not allowed), or the context needs more memory than
-the machine has.
+looked) or is not GGUF, the port is taken (or not allowed), the KV cache types do not fit the model's heads, the
+prefix-cache directory cannot be written, or the context needs more memory than the machine has.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from edge_llm.config import Settings
+from edge_llm.engine.kv_types import head_size_problem
 from edge_llm.models.gguf_info import GGUFInfoError, ModelFacts, human_bytes, read_model_facts
 from edge_llm.models.fetch import ModelFileError, check_model_file
 
@@ -29,8 +30,33 @@ def preflight(settings: Settings) -> str | None:
     problem = check_model(settings.model) or check_port(settings.host, settings.port)
     if problem is not None:
         return problem
+    problem = check_cache_dir(settings.prefix_cache_dir)
+    if problem is not None:
+        return problem
     facts = model_facts(settings.model)
-    return check_memory(settings, facts) if facts else None
+    if facts is None:
+        return None
+    return check_kv_types(settings, facts) or check_memory(settings, facts)
+
+
+def check_kv_types(settings: Settings, facts: ModelFacts) -> str | None:
+    """llama.cpp refuses a quantized K or V type whose blocks do not divide the head size (it would return no
+    context); said here in a line, before anything is loaded."""
+    return (head_size_problem(settings.cache_type_k, facts.key_length, "k")
+            or head_size_problem(settings.cache_type_v, facts.value_length, "v"))
+
+
+def check_cache_dir(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-check"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        return f"cannot write the prefix-cache directory {path}: {exc.strerror or exc}. Pick another --prefix-cache-dir"
+    return None
 
 
 def check_models_dir(settings: Settings) -> str | None:
@@ -134,7 +160,8 @@ def available_memory() -> int | None:
 def check_memory(settings: Settings, facts: ModelFacts, available: int | None = None) -> str | None:
     n_ubatch = min(settings.batch_size, 512)
     n_seq = settings.parallel + settings.cache_slots
-    memory = facts.memory(settings.ctx_size, n_ubatch=n_ubatch, n_seq=n_seq)
+    memory = facts.memory(settings.ctx_size, n_ubatch=n_ubatch, n_seq=n_seq, cache_type_k=settings.cache_type_k,
+                          cache_type_v=settings.cache_type_v)
     if facts.context_length and settings.ctx_size > facts.context_length:
         logger.warning("--ctx-size %d is more than the %d tokens %s was trained on: prompts stay limited to %d",
                        settings.ctx_size, facts.context_length, settings.model_name, facts.context_length)
@@ -145,8 +172,11 @@ def check_memory(settings: Settings, facts: ModelFacts, available: int | None = 
     # allocated (the embedding context on first use); the weights are mapped from the file
     buffers = memory.kv_cache_bytes + memory.compute_bytes + memory.embedding_bytes
     if buffers > budget:
-        hint = _context_that_fits(facts, budget - memory.compute_bytes - memory.embedding_bytes - memory.weights_bytes)
+        hint = _context_that_fits(facts, budget - memory.compute_bytes - memory.embedding_bytes - memory.weights_bytes,
+                                  facts.kv_bytes_per_token(settings.cache_type_k, settings.cache_type_v))
         what_to_do = f"Lower --ctx-size (about {hint:,} fits)" if hint else "Use a smaller model"
+        if settings.cache_type_k == "f16" and settings.cache_type_v == "f16":
+            what_to_do += ", use a quantized KV cache (--cache-type-k q8_0 --cache-type-v q8_0 halves it)"
         return (f"not enough memory for a context of {settings.ctx_size:,} tokens: the KV cache and buffers need "
                 f"~{human_bytes(buffers)} plus {human_bytes(memory.weights_bytes)} of weights, and "
                 f"{human_bytes(available)} is available. {what_to_do}, or free memory")
@@ -159,8 +189,7 @@ def check_memory(settings: Settings, facts: ModelFacts, available: int | None = 
     return None
 
 
-def _context_that_fits(facts: ModelFacts, room: int) -> int | None:
-    per_token = facts.kv_bytes_per_token()
+def _context_that_fits(facts: ModelFacts, room: int, per_token: int) -> int | None:
     if per_token <= 0 or room <= 0:
         return None
     tokens = room // per_token // 1024 * 1024

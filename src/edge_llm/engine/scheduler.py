@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 
 from edge_llm.engine.kv_ledger import KvLedger
+from edge_llm.engine.scheduler_entries import OutsideEntries
 from edge_llm.engine.step_plan import KvCopy, KvCopyRange, KvOp, KvRemove, KvShift, KvTrim, StepPlan
 from edge_llm.engine.sequence import CacheEntry, MovedChunk, Phase, Sequence
 from edge_llm.engine.speculation import ROW_COST, Speculation, SpeculationStats, lay_out_drafts, row_cost_at
@@ -38,7 +39,7 @@ class RequestTooLargeError(ValueError):
     pass
 
 
-class Scheduler:
+class Scheduler(OutsideEntries):
     def __init__(self, *, n_ctx: int, batch_size: int, parallel: int, cache_slots: int,
                  max_preemptions: int = MAX_PREEMPTIONS, draft_row_cost: float = ROW_COST) -> None:
         if batch_size < parallel:

@@ -124,18 +124,25 @@ class EngineStats:
     accepted_tokens: int = 0  # … and accepted
     drafted_by_position: tuple[int, ...] = ()  # draft tokens verified at draft position 1, 2, …
     accepted_by_position: tuple[int, ...] = ()  # … and accepted there
+    kv_bytes_per_cell: int = 0  # K and V of one cell in every layer, in the cache's types (0: unknown)
+    disk_cache: dict[str, Any] | None = None  # the persistent prefix cache's figures (engine/prefix_disk.py), if on
 
     @staticmethod
     def total(snapshots: Sequence[EngineStats]) -> EngineStats:
-        """Several engines' snapshots summed field by field: numbers added, per-key counts merged, per-position
-        counts added position by position (the server's totals over every loaded model)."""
+        """Several engines' snapshots summed field by field (the server's totals over every loaded model): numbers
+        added, per-key counts merged, per-position counts added position by position; the bytes of a cell only
+        when every model's are the same (else 0: unknown)."""
         if not snapshots:
             return EngineStats(0, 0, 0, 0, 0)
         values: dict[str, Any] = {}
         for f in fields(EngineStats):
-            parts = [getattr(s, f.name) for s in snapshots]
-            if isinstance(parts[0], dict):
-                merged: dict[str, int] = {}
+            parts = [getattr(s, f.name) for s in snapshots if getattr(s, f.name) is not None]
+            if f.name == "kv_bytes_per_cell":
+                values[f.name] = parts[0] if len(set(parts)) == 1 else 0
+            elif not parts:
+                values[f.name] = None
+            elif isinstance(parts[0], dict):
+                merged: dict[str, Any] = {}
                 for part in parts:
                     for key, count in part.items():
                         merged[key] = merged.get(key, 0) + count

@@ -20,6 +20,7 @@ from edge_llm.engine.active import ActiveRequest, phase_name
 from edge_llm.engine.channel import Outbox, Sender
 from edge_llm.engine.embeddings import EmbeddingQueue
 from edge_llm.engine.hooks import EngineObserver
+from edge_llm.engine.prefix_disk import DiskPrefixCache
 from edge_llm.engine.runner_protocol import Runner
 from edge_llm.engine.scheduler import RequestTooLargeError, Scheduler, StepPlan
 from edge_llm.engine.text import OutputText
@@ -56,12 +57,16 @@ class Engine:
         observer: EngineObserver | None = None,
         keep_text: bool = False,
         speculative: bool = False,
+        kv_bytes_per_cell: int = 0,
+        disk_cache: DiskPrefixCache | None = None,
     ) -> None:
         self._runner_factory = runner_factory
         self.request_timeout = request_timeout
         self.observer = observer
         self._keep_text = keep_text
         self.speculative = speculative  # requests draft by prompt lookup (engine/speculation.py)
+        self.kv_bytes_per_cell = kv_bytes_per_cell
+        self._disk = disk_cache  # the persistent prefix cache (--prefix-cache-dir), engine/prefix_disk.py
         self._scheduler = Scheduler(n_ctx=n_ctx, batch_size=batch_size, parallel=parallel, cache_slots=cache_slots)
         self.queue_capacity = queue_capacity
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
@@ -180,6 +185,8 @@ class Engine:
             accepted_tokens=scheduler.speculation.accepted,
             drafted_by_position=tuple(scheduler.speculation.drafted_at),
             accepted_by_position=tuple(scheduler.speculation.accepted_at),
+            kv_bytes_per_cell=self.kv_bytes_per_cell,
+            disk_cache=self._disk.stats() if self._disk is not None else None,
         )
 
     # ---- the engine thread ------------------------------------------------------------------
@@ -195,6 +202,8 @@ class Engine:
             self._loaded.set()
         if error is None:
             logger.info("model loaded in %.1f s", time.monotonic() - started)
+            if self._disk is not None and not self._disk.start():
+                self._disk = None
             try:
                 self._loop()
             except BaseException as exc:  # noqa: BLE001
@@ -213,6 +222,8 @@ class Engine:
             )
             self._fail_everything(message, code)
         self._run_close_hooks()
+        if self._disk is not None:
+            self._disk.close()  # the saves already copied are written; they need nothing of the runner
         if self.runner is not None:
             self.runner.close()  # here only: on the engine thread, after its last decode and the close hooks
         if self._on_exit is not None:
@@ -237,6 +248,8 @@ class Engine:
             if self.request_timeout is not None and self._active:
                 self._expire(time.monotonic())
             self._outbox.flush()  # cancellations and refusals at once, not a step later (a no-op when none)
+            if self._disk is not None:
+                self._disk.before_step(scheduler, self.runner)  # saved prefixes the next admissions want
             plan = scheduler.step()
             now = time.monotonic()
             observer = self.observer
@@ -330,6 +343,8 @@ class Engine:
             active.sequence = self._scheduler.add(request.request_id, request.prompt_tokens, request.max_tokens,
                                                   use_cache=request.cache_prompt, reuse_min=request.reuse_min,
                                                   speculative=self.speculative and request.speculative)
+            if self._disk is not None:
+                self._disk.on_submitted(active.sequence)
         except Exception as exc:  # noqa: BLE001
             with self._lock:
                 self._waiting_ids.discard(request.request_id)
@@ -411,6 +426,8 @@ class Engine:
         sequence = active.sequence
         phase = phase_name(sequence)
         del self._active[active.request.request_id]
+        if self._disk is not None:
+            self._disk.on_finished(sequence, reason, self.runner)  # saved if worth it, while its cells are its own
         self._scheduler.remove(sequence, keep_in_cache=True)
         if active.sampler is not None:
             active.sampler.close()
@@ -444,6 +461,8 @@ class Engine:
     def _fail(self, active: ActiveRequest, message: str, code: str) -> None:
         """Ends one request with an error (what it streamed so far stays sent)."""
         del self._active[active.request.request_id]
+        if self._disk is not None:
+            self._disk.forget(active.request.request_id)
         self._scheduler.remove(active.sequence, keep_in_cache=True)
         active.sampler.close()
         logger.warning("request failed: %s", message, extra={"request_id": active.request.request_id})

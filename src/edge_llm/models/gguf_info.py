@@ -8,8 +8,9 @@ for a 150,000-token vocabulary, while this walk takes a fraction of a second.
 Memory at a context of `n_ctx` tokens (what `edge-llm serve` allocates, llama.cpp's CPU backend):
 
 - weights: the tensor data, memory-mapped from the file;
-- KV cache: n_layer × n_ctx × n_head_kv × (key_length + value_length) × 2 bytes (f16 K and V; with
-  key_length = value_length = head_dim this is n_layer × n_ctx × (n_head_kv × head_dim) × 2 × 2);
+- KV cache: n_layer × n_ctx × n_head_kv × (key_length × K bytes + value_length × V bytes), a value's bytes
+  being its cache type's (`--cache-type-k/-v`, engine/kv_types.py): 2 for f16, 34/32 for q8_0, 18/32 for q4_0
+  (with key_length = value_length = head_dim and f16 this is n_layer × n_ctx × (n_head_kv × head_dim) × 2 × 2);
 - compute: llama.cpp's graph buffer, dominated by the logits of one micro-batch, estimated as
   4 bytes × n_ubatch × (n_vocab + 2 × n_embd), plus the output buffer, 4 bytes × n_vocab × n_seq
   (one row of logits per sequence). With flash attention (llama.cpp's default on CPU) this does not
@@ -29,6 +30,7 @@ from typing import Any
 from gguf import GGML_QUANT_SIZES, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType, Keys, LlamaFileType
 
 from edge_llm.engine.embeddings import EMBEDDING_BATCH, EMBEDDING_MAX_TOKENS
+from edge_llm.engine.kv_types import row_bytes
 
 # `edge-llm serve`'s micro-batch: min(--batch-size, 512).
 DEFAULT_UBATCH = 512
@@ -71,6 +73,8 @@ class MemoryEstimate:
     kv_cache_bytes: int
     compute_bytes: int
     embedding_bytes: int = 0  # the /v1/embeddings context, made on the first embeddings request
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
 
     @property
     def total_bytes(self) -> int:
@@ -108,23 +112,28 @@ class ModelFacts:
     def quantization(self) -> str:
         return self.file_type or self.dominant_tensor_type or "unknown"
 
-    def kv_bytes_per_token(self) -> int:
-        """f16 K and V for every layer; 0 when the header lacks attention facts (e.g. recurrent models)."""
+    def kv_bytes_per_token(self, cache_type_k: str = "f16", cache_type_v: str = "f16") -> int:
+        """K and V of one token (one KV cell) for every layer, in the given cache types; 0 when the header lacks
+        attention facts (e.g. recurrent models)."""
         if not (self.block_count and self.head_count_kv and self.key_length and self.value_length):
             return 0
-        return self.block_count * self.head_count_kv * (self.key_length + self.value_length) * 2
+        return self.block_count * (row_bytes(cache_type_k, self.head_count_kv * self.key_length)
+                                   + row_bytes(cache_type_v, self.head_count_kv * self.value_length))
 
-    def memory(self, n_ctx: int, *, n_seq: int, n_ubatch: int = DEFAULT_UBATCH) -> MemoryEstimate:
+    def memory(self, n_ctx: int, *, n_seq: int, n_ubatch: int = DEFAULT_UBATCH, cache_type_k: str = "f16",
+               cache_type_v: str = "f16") -> MemoryEstimate:
         vocab = self.vocab_size or 0
         width = self.embedding_length or 0
         compute = 4 * n_ubatch * (vocab + 2 * width) + 4 * vocab * n_seq
         # engine/llama/embedding.py: its KV cells, and the logits and hidden states of one chunk, output and computed
         embedding_ctx = min(EMBEDDING_MAX_TOKENS, n_ctx, self.context_length or n_ctx)
+        # (the embedding context keeps f16: engine/llama/embedding.py does not take the cache types)
         embedding = embedding_ctx * self.kv_bytes_per_token() + 4 * EMBEDDING_BATCH * (2 * vocab + 3 * width)
-        return MemoryEstimate(n_ctx, self.tensor_data_bytes, n_ctx * self.kv_bytes_per_token(), compute, embedding)
+        kv = n_ctx * self.kv_bytes_per_token(cache_type_k, cache_type_v)
+        return MemoryEstimate(n_ctx, self.tensor_data_bytes, kv, compute, embedding, cache_type_k, cache_type_v)
 
-    def to_dict(self, n_ctx: int, *, n_seq: int) -> dict[str, Any]:
-        memory = self.memory(n_ctx, n_seq=n_seq)
+    def to_dict(self, n_ctx: int, *, n_seq: int, cache_type_k: str = "f16", cache_type_v: str = "f16") -> dict[str, Any]:
+        memory = self.memory(n_ctx, n_seq=n_seq, cache_type_k=cache_type_k, cache_type_v=cache_type_v)
         return {
             "path": str(self.path),
             "file_size": self.file_size,
@@ -147,6 +156,7 @@ class ModelFacts:
             "vocab_size": self.vocab_size,
             "has_chat_template": self.has_chat_template,
             "memory": {**asdict(memory), "total_bytes": memory.total_bytes,
+                       "kv_bytes_per_token": self.kv_bytes_per_token(cache_type_k, cache_type_v),
                        "n_ubatch": DEFAULT_UBATCH, "n_seq": n_seq},
         }
 
@@ -353,9 +363,14 @@ def human_count(n: int) -> str:
     return str(n)
 
 
-def describe(facts: ModelFacts, n_ctx: int, *, n_seq: int) -> Iterator[str]:
+def kv_types_label(cache_type_k: str, cache_type_v: str) -> str:
+    return cache_type_k if cache_type_k == cache_type_v else f"K {cache_type_k}, V {cache_type_v}"
+
+
+def describe(facts: ModelFacts, n_ctx: int, *, n_seq: int, cache_type_k: str = "f16",
+             cache_type_v: str = "f16") -> Iterator[str]:
     """The lines `edge-llm model info` prints."""
-    memory = facts.memory(n_ctx, n_seq=n_seq)
+    memory = facts.memory(n_ctx, n_seq=n_seq, cache_type_k=cache_type_k, cache_type_v=cache_type_v)
     total = sum(facts.tensor_types.values()) or 1
     mix = ", ".join(f"{name} {count * 100 / total:.1f}%" for name, count in facts.tensor_types.items())
 
@@ -377,13 +392,15 @@ def describe(facts: ModelFacts, n_ctx: int, *, n_seq: int) -> Iterator[str]:
     yield f"file size      {human_bytes(facts.file_size)} ({facts.file_size:,} bytes)"
     yield (f"memory         ~{human_bytes(memory.total_bytes)} at a context of {n_ctx:,} tokens: "
            f"weights {human_bytes(memory.weights_bytes)} + KV cache {human_bytes(memory.kv_cache_bytes)} "
-           f"+ compute ~{human_bytes(memory.compute_bytes)} + embeddings ~{human_bytes(memory.embedding_bytes)}")
+           f"({kv_types_label(cache_type_k, cache_type_v)}) + compute ~{human_bytes(memory.compute_bytes)} "
+           f"+ embeddings ~{human_bytes(memory.embedding_bytes)}")
     if facts.context_length and n_ctx > facts.context_length:
         yield (f"note           {n_ctx:,} tokens is more than the {facts.context_length:,} the model was trained on; "
                "quality drops past that")
 
 
-def run_info(path: Path, *, as_json: bool, n_ctx: int, n_seq: int) -> int:
+def run_info(path: Path, *, as_json: bool, n_ctx: int, n_seq: int, cache_type_k: str = "f16",
+             cache_type_v: str = "f16") -> int:
     """`edge-llm model info`: the facts on stdout; one error line on stderr and exit code 1. `n_seq`: the
     sequences the server keeps logits for (its --parallel + --cache-slots)."""
     import json
@@ -398,7 +415,9 @@ def run_info(path: Path, *, as_json: bool, n_ctx: int, n_seq: int) -> int:
         sys.stderr.write(f"edge-llm: error: {exc}\n")
         return 1
     if as_json:
-        sys.stdout.write(json.dumps(facts.to_dict(n_ctx, n_seq=n_seq), indent=2) + "\n")
+        sys.stdout.write(json.dumps(facts.to_dict(n_ctx, n_seq=n_seq, cache_type_k=cache_type_k,
+                                                  cache_type_v=cache_type_v), indent=2) + "\n")
     else:
-        sys.stdout.write("\n".join(describe(facts, n_ctx, n_seq=n_seq)) + "\n")
+        sys.stdout.write("\n".join(describe(facts, n_ctx, n_seq=n_seq, cache_type_k=cache_type_k,
+                                             cache_type_v=cache_type_v)) + "\n")
     return 0

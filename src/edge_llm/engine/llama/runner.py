@@ -19,7 +19,9 @@ from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from edge_llm.engine.grammar import CompiledGrammars, GrammarError, check_grammar_limits, check_schema_limits
 from edge_llm.engine.embeddings import EMBEDDING_MAX_TOKENS
+from edge_llm.engine.kv_types import KV_TYPES
 from edge_llm.engine.llama.embedding import EmbeddingContext
+from edge_llm.engine.llama.kv_state import read_sequence_state, write_sequence_state
 from edge_llm.engine.llama.sampling import Sampler, TokenSampling
 from edge_llm.engine.step_plan import KvCopy, KvCopyRange, KvOp, KvRemove, KvShift, KvTrim
 from edge_llm.engine.scheduler import StepPlan
@@ -80,6 +82,13 @@ class ContextConfig:
     n_seq_max: int
     n_threads: int
     n_threads_batch: int
+    cache_type_k: str = "f16"  # engine/kv_types.py
+    cache_type_v: str = "f16"
+    flash_attn: str = "auto"  # auto | on | off
+
+
+_FLASH_ATTN = {"auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+               "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED}
 
 
 class _LoadProgress:
@@ -117,11 +126,17 @@ class LlamaRunner:
         ctx_params.n_threads_batch = config.n_threads_batch
         ctx_params.kv_unified = True
         ctx_params.no_perf = True
+        # (a quantized V with flash attention off is refused by the settings; llama.cpp turns auto on for it)
+        ctx_params.type_k = KV_TYPES[config.cache_type_k].ggml_type
+        ctx_params.type_v = KV_TYPES[config.cache_type_v].ggml_type
+        ctx_params.flash_attn_type = _FLASH_ATTN[config.flash_attn]
         self._ctx = llama_cpp.llama_init_from_model(self._model, ctx_params)
         if not self._ctx:
             llama_cpp.llama_model_free(self._model)
             raise ModelLoadError(
-                f"llama.cpp could not create a context of {config.n_ctx} tokens (not enough memory?)"
+                f"llama.cpp could not create a context of {config.n_ctx} tokens with a KV cache of K "
+                f"{config.cache_type_k} and V {config.cache_type_v} (not enough memory, or cache types this model "
+                "does not support: see the lines of edge_llm.llama_cpp above)"
             )
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self._batch = llama_cpp.llama_batch_init(config.n_batch, 0, 1)
@@ -264,6 +279,14 @@ class LlamaRunner:
                 llama_cpp.llama_memory_seq_rm(self._memory, op.seq_id, op.start, op.end)
             elif isinstance(op, KvShift):
                 llama_cpp.llama_memory_seq_add(self._memory, op.seq_id, op.start, op.end, op.delta)
+
+    def save_sequence_state(self, seq_id: int) -> bytearray:
+        """A copy of `seq_id`'s KV state, for the persistent prefix cache."""
+        return read_sequence_state(self._ctx, seq_id)
+
+    def load_sequence_state(self, seq_id: int, data: bytes) -> bool:
+        """Restores saved KV state into the empty `seq_id`; False when llama.cpp refuses it."""
+        return write_sequence_state(self._ctx, seq_id, data)
 
     def clear_kv(self) -> None:
         llama_cpp.llama_memory_clear(self._memory, True)

@@ -1,0 +1,168 @@
+"""The persistent prefix cache on the engine thread (`--prefix-cache-dir`): what is saved, when an entry is loaded,
+and the writer thread that puts saves on disk (the files and their index: engine/prefix_store.py).
+
+- Save: a sequence that finishes (stop or length, not cancelled or failed) is saved when it holds at least
+  `min_new_tokens` tokens that no saved entry (nor a save still queued) already starts with. Its KV state is
+  copied on the engine thread (the context is not thread-safe; a memory copy, a few milliseconds for ~1,000
+  tokens), and written by the writer thread, so the step loop never waits for the disk.
+- Load: a request whose prompt shares at least KEY_TOKENS tokens with a saved entry, `MIN_GAIN` more than the
+  in-memory prefix cache or a running sequence would give it, gets the entry loaded into a free sequence id before
+  the step that admits it: the cells are charged to the scheduler's ledger like any cache entry (evicting
+  least-recently-used entries first), then the entry is an ordinary in-memory cache entry the request copies its
+  prefix from. The file is read and checked on the engine thread, once per entry and restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any, Protocol
+
+from edge_llm.engine.prefix_store import PrefixStore, StoredEntry
+from edge_llm.engine.scheduler import Scheduler
+from edge_llm.engine.sequence import Phase, Sequence
+from edge_llm.engine.step_plan import KvOp
+from edge_llm.engine.token_match import common_prefix_length
+from edge_llm.engine.types import FinishReason
+
+logger = logging.getLogger(__name__)
+
+MIN_GAIN = 64  # tokens a load must save over what memory gives, to be worth reading a file
+MAX_QUEUED_SAVES = 4  # states copied and not yet written (each is its tokens' KV: ~10 MiB for 900 f16 tokens)
+
+
+class StateRunner(Protocol):
+    def save_sequence_state(self, seq_id: int) -> bytes: ...
+    def load_sequence_state(self, seq_id: int, data: bytes) -> bool: ...
+    def apply_kv_ops(self, ops: list[KvOp]) -> None: ...
+
+
+class DiskPrefixCache:
+    def __init__(self, store: PrefixStore, *, min_new_tokens: int, write_stall_s: float = 0.0) -> None:
+        self.store = store
+        self.min_new_tokens = min_new_tokens
+        self.write_stall_s = write_stall_s
+        self._candidates: dict[str, tuple[StoredEntry, int]] = {}  # request id → its best saved entry (engine thread)
+        self._queued: list[tuple[int, ...]] = []  # tokens of saves not yet written (guarded by _lock)
+        self._lock = threading.Lock()
+        self._jobs: queue.Queue[tuple[tuple[int, ...], bytes] | None] = queue.Queue()
+        self._writer = threading.Thread(target=self._write_loop, name="edge-llm-prefix-writer", daemon=True)
+        self.last_copy_ms = 0.0  # the last save's state copy on the engine thread
+        self.last_load_ms = 0.0  # the last load: read, check and put into the KV
+
+    # ---- lifecycle (engine thread) -----------------------------------------------------------
+
+    def start(self) -> bool:
+        """Reads the index and starts the writer; on the engine thread, once the model is loaded. False (logged)
+        when the directory cannot be read: the server then runs without the persistent cache."""
+        try:
+            self.store.scan()
+        except OSError as exc:  # the directory was checked at start-up; it may have gone since
+            logger.error("the persistent prefix cache is off: %s", exc)
+            return False
+        self._writer.start()
+        return True
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Lets the writer finish the saves already queued (a graceful stop keeps them)."""
+        if self._writer.is_alive():
+            self._jobs.put(None)
+            self._writer.join(timeout)
+
+    # ---- requests (engine thread) ----------------------------------------------------------------
+
+    def on_submitted(self, sequence: Sequence) -> None:
+        if not sequence.use_cache:
+            return
+        match = self.store.best_match(sequence.prompt)
+        if match is not None:
+            entry, length = match
+            self._candidates[sequence.request_id] = (entry, min(length, len(sequence.prompt) - 1))
+
+    def before_step(self, scheduler: Scheduler, runner: StateRunner) -> None:
+        """Loads the saved entries the sequences about to be admitted want, in queue order (FIFO: the first that
+        cannot get room stops the rest)."""
+        if not self._candidates:
+            return
+        room = scheduler.parallel - len(scheduler.running)
+        for sequence in list(scheduler.waiting)[:max(room, 0)]:
+            candidate = self._candidates.get(sequence.request_id)
+            if candidate is None:
+                continue
+            entry, length = candidate
+            if sequence.preemptions or length - scheduler.reusable_length(sequence) < MIN_GAIN:
+                del self._candidates[sequence.request_id]
+                continue
+            seq_id = scheduler.reserve_entry(sequence, len(entry.tokens), length)
+            if seq_id is None:
+                return  # it waits for running sequences to finish, as its admission will
+            del self._candidates[sequence.request_id]
+            runner.apply_kv_ops(scheduler.flush_ops())  # a removal queued for this id must not follow the load
+            started = time.monotonic()
+            try:
+                state = self.store.load(entry)
+                loaded = state is not None and runner.load_sequence_state(seq_id, state)
+            except Exception:  # noqa: BLE001 - a failed load costs that request its prefix, never the engine
+                logger.exception("loading a saved prefix failed")
+                state, loaded = None, False
+            if loaded:
+                scheduler.adopt_entry(seq_id, entry.tokens)
+                self.last_load_ms = (time.monotonic() - started) * 1000
+                logger.info("loaded a saved prefix of %d tokens (%d shared) in %.1f ms", len(entry.tokens), length,
+                            self.last_load_ms, extra={"request_id": sequence.request_id})
+            else:
+                scheduler.release_entry(seq_id)
+                if state is not None:
+                    self.store.counts["rejected"] += 1
+
+    def forget(self, request_id: str) -> None:
+        self._candidates.pop(request_id, None)
+
+    def on_finished(self, sequence: Sequence, reason: FinishReason, runner: StateRunner) -> None:
+        """Saves a finished sequence's KV when it is worth it (see the module's rule); call it before the sequence
+        leaves the scheduler, while its cells are still its own."""
+        self._candidates.pop(sequence.request_id, None)
+        if reason not in (FinishReason.STOP, FinishReason.LENGTH) or not sequence.use_cache or sequence.phase is not Phase.DECODE or sequence.moved is not None:
+            return
+        tokens = tuple(sequence.kv_tokens)
+        if len(tokens) < self.min_new_tokens or len(tokens) != sequence.n_past:
+            return
+        match = self.store.best_match(tokens)
+        known = match[1] if match else 0
+        with self._lock:
+            if len(self._queued) >= MAX_QUEUED_SAVES:
+                logger.debug("not saving a prefix: %d saves are still being written", len(self._queued))
+                return
+            known = max([known] + [common_prefix_length(queued, tokens) for queued in self._queued])
+            if len(tokens) - known < self.min_new_tokens:
+                return
+            self._queued.append(tokens)
+        started = time.monotonic()
+        state = runner.save_sequence_state(sequence.seq_id)
+        self.last_copy_ms = (time.monotonic() - started) * 1000
+        logger.info("saving a prefix of %d tokens (%.1f MiB); state copied in %.1f ms", len(tokens),
+                    len(state) / 2**20, self.last_copy_ms, extra={"request_id": sequence.request_id})
+        self._jobs.put((tokens, state))
+
+    # ---- the writer thread ----------------------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            tokens, state = job
+            try:
+                self.store.write(tokens, state, stall_s=self.write_stall_s)
+            except Exception:  # noqa: BLE001 - a failed save (disk full, permissions) loses that entry only
+                logger.exception("saving a prefix of %d tokens failed", len(tokens))
+            finally:
+                with self._lock:
+                    self._queued.remove(tokens)
+
+    def stats(self) -> dict[str, Any]:
+        """Read from any thread."""
+        return {"entries": len(self.store), "bytes": self.store.used_bytes, "budget_bytes": self.store.budget_bytes,
+                **self.store.counts}
