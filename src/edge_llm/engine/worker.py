@@ -396,18 +396,7 @@ class Engine:
 
     def _on_token(self, active: ActiveRequest, token: int) -> None:
         sequence = active.sequence
-        now = time.monotonic()
-        observer = self.observer
-        if not active.first_token_at:
-            active.first_token_at = now
-            if observer is not None:
-                observer.first_token(active.request.request_id, now, now - active.submitted_at)
-        elif observer is not None:
-            observer.token_gap(now - active.last_token_at)
-        active.last_token_at = now
-        if active.preempted_at:
-            active.recompute_s += now - active.preempted_at
-            active.preempted_at = 0.0
+        active.token_arrived(time.monotonic(), self.observer)
         if self.runner.is_end_of_generation(token):
             self._finish(active, FinishReason.STOP)
             return
@@ -437,21 +426,7 @@ class Engine:
                 self._outbox.add(active.channel, TextDelta(tail, sequence.generated, active.take_logprobs()))
                 if active.text_parts is not None:
                     active.text_parts.append(tail)
-        now = time.monotonic()
-        first = active.first_token_at or now
-        admitted = active.admitted_at or now
-        timings = {
-            "queue_ms": round((admitted - active.submitted_at) * 1000, 2),
-            "prefill_ms": round((first - admitted) * 1000, 2),
-            "decode_ms": round((now - first) * 1000, 2),
-        }
-        if sequence.preemptions:
-            timings["preemptions"] = sequence.preemptions
-            timings["recompute_ms"] = round(active.recompute_s * 1000, 2)
-            timings["preempted_after_tokens"] = sequence.generated_at_first_preemption
-        if sequence.speculation is not None and sequence.speculation.drafted:  # llama-server's names, as it does
-            timings["draft_n"] = sequence.speculation.drafted
-            timings["draft_n_accepted"] = sequence.speculation.accepted
+        timings = active.timings(time.monotonic())
         usage = Usage(len(sequence.prompt), sequence.generated, sequence.cached_tokens)
         if self.observer is not None:  # before Finished, so the HTTP side sees the record complete
             text = "".join(active.text_parts) if active.text_parts is not None else None
