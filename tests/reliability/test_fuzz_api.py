@@ -47,6 +47,8 @@ OPERATIONS = [
     ("POST", "/v1/embeddings"),
     ("POST", "/tokenize"),
     ("POST", "/detokenize"),
+    ("POST", "/models/load"),
+    ("POST", "/models/unload"),
     ("GET", "/v1/models"),
     ("GET", "/v1/models/{model_id}"),
     ("GET", "/healthz"),

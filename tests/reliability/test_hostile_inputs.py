@@ -216,6 +216,7 @@ WRONG_TYPES: dict[str, list[Any]] = {
     "grammar": [5, [1], {"k": 1}, ""],  # (grammars that do not parse: test_llama_dialect.py)
     "json_schema": NOT_AN_OBJECT,
     "cache_prompt": NOT_A_BOOL,
+    "speculative": NOT_A_BOOL,
     "n_probs": NOT_AN_INTEGER + [-1, 21],
 }
 SIMPLE_WRONG_TYPES: dict[str, list[Any]] = {

@@ -249,7 +249,8 @@ class ModelRegistry:
             entry.client = None
             entry.state = ModelState.UNLOADED
             entry.error = str(exc)
-            logger.error("model %s: %s", entry.name, exc)
+            # With one model served from start-up the server stops and says why in its one error line (api/app.py).
+            logger.log(logging.ERROR if self.on_demand else logging.WARNING, "model %s: %s", entry.name, exc)
             self._notify()
             if isinstance(exc, ModelUnavailableError):
                 raise

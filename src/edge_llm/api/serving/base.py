@@ -121,23 +121,7 @@ class Serving:
     # ---- the body --------------------------------------------------------------------------------
 
     async def json_body(self, request: Request) -> dict[str, Any]:
-        raw = await request.body()
-        try:
-            body = json.loads(raw)
-            # A lone surrogate ("\ud800") decodes to a str that is not Unicode text: it would fail
-            # later, when an answer or an error message quoting it is encoded (a 500). Refused here.
-            if _SURROGATE_ESCAPE.search(raw) or b"\x00" in raw[:4]:  # (a UTF-16/32 body: always checked)
-                json.dumps(body, ensure_ascii=False).encode("utf-8")
-        except RecursionError:
-            raise APIError(400, "The request body is nested too deeply", code="invalid_json") from None
-        except UnicodeEncodeError:
-            raise APIError(400, "The request body contains a lone UTF-16 surrogate (a \\ud800-\\udfff escape "
-                           "without its pair), which is not Unicode text", code="invalid_json") from None
-        except ValueError as exc:  # not JSON, not UTF-8, or an integer of more than 4300 digits
-            raise APIError(400, f"The request body is not valid JSON: {exc}", code="invalid_json") from None
-        if not isinstance(body, dict):
-            raise APIError(400, "The request body must be a JSON object", code="invalid_json")
-        return body
+        return json_object(await request.body())
 
     def parse(self, model: type[BodyModel], body: dict[str, Any]) -> BodyModel:
         """`body` validated as `model`; unknown top-level fields are ignored and reported (api/params.py), or
@@ -456,3 +440,23 @@ def engine_unavailable(exc: EngineUnavailableError) -> APIError:
 async def _until_disconnected(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body as a JSON object, or the 400 that says why it is not one."""
+    try:
+        body = json.loads(raw)
+        # A lone surrogate ("\ud800") decodes to a str that is not Unicode text: it would fail
+        # later, when an answer or an error message quoting it is encoded (a 500). Refused here.
+        if _SURROGATE_ESCAPE.search(raw) or b"\x00" in raw[:4]:  # (a UTF-16/32 body: always checked)
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except RecursionError:
+        raise APIError(400, "The request body is nested too deeply", code="invalid_json") from None
+    except UnicodeEncodeError:
+        raise APIError(400, "The request body contains a lone UTF-16 surrogate (a \\ud800-\\udfff escape "
+                       "without its pair), which is not Unicode text", code="invalid_json") from None
+    except ValueError as exc:  # not JSON, not UTF-8, or an integer of more than 4300 digits
+        raise APIError(400, f"The request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "The request body must be a JSON object", code="invalid_json")
+    return body

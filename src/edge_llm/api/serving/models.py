@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Any
@@ -15,6 +14,7 @@ from pydantic import ValidationError
 from edge_llm.api.errors import APIError, from_pydantic
 from edge_llm.api.model_routing import keep_alive_of, unavailable, unknown_model
 from edge_llm.api.protocol import ModelCard, ModelList, ModelLoadRequest
+from edge_llm.api.serving.base import json_object
 from edge_llm.config import Settings
 from edge_llm.registry.keep_alive import describe_keep_alive
 from edge_llm.registry.registry import (
@@ -64,12 +64,7 @@ class ModelServing:
         return answer
 
     async def _body(self, request: Request) -> tuple[str, Any]:
-        try:
-            body = json.loads(await request.body())
-        except (ValueError, RecursionError):
-            raise APIError(400, "The request body is not valid JSON", code="invalid_json") from None
-        if not isinstance(body, dict):
-            raise APIError(400, "The request body must be a JSON object", code="invalid_json")
+        body = json_object(await request.body())
         try:
             parsed = ModelLoadRequest.model_validate(body)
         except ValidationError as exc:
