@@ -1,6 +1,6 @@
 """Memory at the edge (issue 21) on real server processes and the real model: a quantized KV cache answers and
 reports its memory; an unsupported KV combination is one start-up line; the persistent prefix cache gives
-`cached_tokens` after a restart, survives a kill -9 in the middle of a save, and never loads a damaged,
+`cached_tokens` after a restart, is copied only while the engine is idle, survives a kill -9 in the middle of a save, and never loads a damaged,
 truncated or foreign entry."""
 
 from __future__ import annotations
@@ -71,9 +71,18 @@ def test_the_prefix_cache_survives_a_restart_and_a_kill_during_a_save(tmp_path: 
     directory = tmp_path / "kv"
     flags = ("--parallel", "2", "--prefix-cache-dir", str(directory))
     with run_server(tmp_path, *flags) as server:
-        first = ask(server, RULES, "Which rule is about mail?")
-        assert first["usage"]["prompt_tokens"] > 800 and cached(first) == 0
-        wait_for(lambda: len(entries(directory)) == 1, what="the entry to be written")
+        # A save is copied only when the engine is idle: not while another stream still runs
+        busy_body = {"messages": [{"role": "user", "content": "Count from 1 to 1000."}], "max_tokens": 1000,
+                     "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json=busy_body, timeout=300) as busy:
+            events = (line for line in busy.iter_lines() if line.startswith("data: "))
+            next(events)
+            first = ask(server, RULES, "Which rule is about mail?")
+            assert first["usage"]["prompt_tokens"] > 800 and cached(first) == 0
+            for _ in range(3):
+                assert next(events) != "data: [DONE]"
+            assert not list(directory.iterdir())  # the busy stream still runs: nothing copied, nothing written
+        wait_for(lambda: len(entries(directory)) == 1, what="the entry to be written once the engine is idle")
     saved = read_header(entries(directory)[0])
 
     # Restarted, with every save stalled halfway: the saved prefix is loaded on first use...

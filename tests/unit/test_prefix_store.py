@@ -149,8 +149,10 @@ class FakeRunner:
         self.accept = accept
         self.loaded: dict[int, bytes] = {}
         self.ops: list[KvOp] = []
+        self.saved: list[int] = []
 
     def save_sequence_state(self, seq_id: int) -> bytes:
+        self.saved.append(seq_id)
         return STATE
 
     def load_sequence_state(self, seq_id: int, data: bytes) -> bool:
@@ -162,16 +164,19 @@ class FakeRunner:
         self.ops += ops
 
 
-def finish_one(scheduler: Scheduler, disk: DiskPrefixCache, runner: FakeRunner, tokens: list[int]) -> None:
-    sequence = scheduler.add("r", tokens, 4)
+def finish_one(scheduler: Scheduler, disk: DiskPrefixCache, runner: FakeRunner, tokens: list[int], *,
+               idle: bool = True) -> None:
+    sequence = scheduler.add(f"r{len(scheduler.cache)}-{tokens[0]}", tokens, 4)
     disk.on_submitted(sequence)
     while sequence.phase.value != "decode" or sequence.pending_token is not None:
         scheduler.step()
         if sequence.phase.value == "decode":
             scheduler.on_sampled(sequence, 5)
             break
-    disk.on_finished(sequence, FinishReason.STOP, runner)
+    disk.on_finished(sequence, FinishReason.STOP)
     scheduler.remove(sequence, keep_in_cache=True)
+    while idle and disk.has_pending_saves:  # the engine is idle now
+        disk.save_one_pending(scheduler, runner)
 
 
 def test_a_finished_sequence_is_saved_and_a_restarted_engine_loads_it_through_the_ledger(tmp_path: Path) -> None:
@@ -219,6 +224,28 @@ def test_short_or_known_sequences_are_not_saved_and_a_refused_state_frees_its_id
     fresh.step()
     assert sequence.cached_tokens == 0
     restarted.close()
+
+
+def test_a_save_copies_its_cache_entry_when_idle_and_is_dropped_if_the_entry_left_memory_first(
+        tmp_path: Path) -> None:
+    runner = FakeRunner()
+    disk = DiskPrefixCache(store(tmp_path), min_new_tokens=64)
+    disk.start()
+    scheduler = Scheduler(n_ctx=4096, batch_size=512, parallel=2, cache_slots=1)
+    finish_one(scheduler, disk, runner, list(prompt(300)), idle=False)
+    assert disk.has_pending_saves and not runner.saved  # nothing is copied while the engine may be busy
+    (entry,) = scheduler.cache.values()
+    disk.save_one_pending(scheduler, runner)
+    assert runner.saved == [entry.seq_id] and not disk.has_pending_saves
+
+    finish_one(scheduler, disk, runner, list(range(7, 307)), idle=False)
+    finish_one(scheduler, disk, runner, list(range(9, 309)), idle=False)
+    assert disk.stats()["pending_saves"] == 2  # range(7, 307)'s entry was evicted by the next (one cache slot)
+    while disk.has_pending_saves:
+        disk.save_one_pending(scheduler, runner)
+    assert disk.store.counts["evicted_before_save"] == 1
+    disk.close()
+    assert disk.store.counts["saved"] == 2
 
 
 def test_no_load_without_room_for_it(tmp_path: Path) -> None:

@@ -233,9 +233,10 @@ class _LiveCollector(Collector):
             yield gauge("edge_llm_prefix_disk_bytes", "Bytes of the persistent prefix cache's entries on disk.",
                         disk["bytes"])
             events = CounterMetricFamily("edge_llm_prefix_disk_events", "Persistent prefix cache: entries saved, "
-                                         "loaded into the KV cache, rejected (damaged, truncated or refused) and "
-                                         "evicted (disk budget, covered by a longer entry).", labels=["event"])
-            for event in ("saved", "loaded", "rejected", "evicted"):
+                                         "loaded into the KV cache, rejected (damaged, truncated or refused), "
+                                         "evicted (disk budget, covered by a longer entry) and evicted_before_save "
+                                         "(left memory before the engine was idle to copy it).", labels=["event"])
+            for event in ("saved", "loaded", "rejected", "evicted", "evicted_before_save"):
                 events.add_metric([event], disk[event])
             yield events
         yield CounterMetricFamily("edge_llm_preemptions", "Running sequences put back in the queue to free KV "

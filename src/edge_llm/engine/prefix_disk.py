@@ -2,9 +2,12 @@
 and the writer thread that puts saves on disk (the files and their index: engine/prefix_store.py).
 
 - Save: a sequence that finishes (stop or length, not cancelled or failed) is saved when it holds at least
-  `min_new_tokens` tokens that no saved entry (nor a save still queued) already starts with. Its KV state is
-  copied on the engine thread (the context is not thread-safe; a memory copy, a few milliseconds for ~1,000
-  tokens), and written by the writer thread, so the step loop never waits for the disk.
+  `min_new_tokens` tokens that no saved entry (nor a save still pending) already starts with. Its cells stay in
+  the in-memory prefix cache as an entry; the KV state of that entry is copied on the engine thread (the context
+  is not thread-safe) only when the engine is idle — no sequence running or waiting and no command queued — one
+  entry per idle turn, so a copy never delays a step (a request arriving during one waits at most that copy), and
+  at a graceful stop. The writer thread puts it on disk, so the engine never waits for the disk either. An entry
+  evicted before the engine was idle is not saved.
 - Load: a request whose prompt shares at least KEY_TOKENS tokens with a saved entry, `MIN_GAIN` more than the
   in-memory prefix cache or a running sequence would give it, gets the entry loaded into a free sequence id before
   the step that admits it: the cells are charged to the scheduler's ledger like any cache entry (evicting
@@ -45,11 +48,12 @@ class DiskPrefixCache:
         self.min_new_tokens = min_new_tokens
         self.write_stall_s = write_stall_s
         self._candidates: dict[str, tuple[StoredEntry, int]] = {}  # request id → its best saved entry (engine thread)
-        self._queued: list[tuple[int, ...]] = []  # tokens of saves not yet written (guarded by _lock)
+        self._pending: list[tuple[int, ...]] = []  # worth saving, not yet copied (engine thread)
+        self._queued: list[tuple[int, ...]] = []  # tokens of saves copied and not yet written (guarded by _lock)
         self._lock = threading.Lock()
         self._jobs: queue.Queue[tuple[tuple[int, ...], bytes] | None] = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="edge-llm-prefix-writer", daemon=True)
-        self.last_copy_ms = 0.0  # the last save's state copy on the engine thread
+        self.last_copy_ms = 0.0  # the last save's state copy on the engine thread (while it was idle)
         self.last_load_ms = 0.0  # the last load: read, check and put into the KV
 
     # ---- lifecycle (engine thread) -----------------------------------------------------------
@@ -65,8 +69,12 @@ class DiskPrefixCache:
         self._writer.start()
         return True
 
-    def close(self, timeout: float = 30.0) -> None:
-        """Lets the writer finish the saves already queued (a graceful stop keeps them)."""
+    def close(self, scheduler: Scheduler | None = None, runner: StateRunner | None = None,
+              timeout: float = 30.0) -> None:
+        """Copies the pending saves when given the (idle) scheduler and runner, then lets the writer finish the
+        saves queued: a graceful stop keeps them."""
+        while runner is not None and scheduler is not None and self._pending:
+            self.save_one_pending(scheduler, runner)
         if self._writer.is_alive():
             self._jobs.put(None)
             self._writer.join(timeout)
@@ -120,9 +128,9 @@ class DiskPrefixCache:
     def forget(self, request_id: str) -> None:
         self._candidates.pop(request_id, None)
 
-    def on_finished(self, sequence: Sequence, reason: FinishReason, runner: StateRunner) -> None:
-        """Saves a finished sequence's KV when it is worth it (see the module's rule); call it before the sequence
-        leaves the scheduler, while its cells are still its own."""
+    def on_finished(self, sequence: Sequence, reason: FinishReason) -> None:
+        """Marks a finished sequence's tokens for saving when it is worth it (see the module's rule); call it before
+        the sequence leaves the scheduler for its cache entry. The copy waits for `save_one_pending`."""
         self._candidates.pop(sequence.request_id, None)
         if reason not in (FinishReason.STOP, FinishReason.LENGTH) or not sequence.use_cache or sequence.phase is not Phase.DECODE or sequence.moved is not None:
             return
@@ -132,19 +140,36 @@ class DiskPrefixCache:
         match = self.store.best_match(tokens)
         known = match[1] if match else 0
         with self._lock:
-            if len(self._queued) >= MAX_QUEUED_SAVES:
-                logger.debug("not saving a prefix: %d saves are still being written", len(self._queued))
+            if len(self._queued) + len(self._pending) >= MAX_QUEUED_SAVES:
+                logger.debug("not saving a prefix: %d saves are still pending", len(self._queued) + len(self._pending))
                 return
-            known = max([known] + [common_prefix_length(queued, tokens) for queued in self._queued])
+            known = max([known] + [common_prefix_length(other, tokens) for other in self._queued + self._pending])
             if len(tokens) - known < self.min_new_tokens:
                 return
-            self._queued.append(tokens)
+            self._pending.append(tokens)
+
+    @property
+    def has_pending_saves(self) -> bool:
+        return bool(self._pending)
+
+    def save_one_pending(self, scheduler: Scheduler, runner: StateRunner) -> None:
+        """Copies the oldest pending save's state out of the cache entry that holds its tokens and queues it for the
+        writer; call it only while the engine is idle (between steps, nothing running or waiting)."""
+        tokens = self._pending.pop(0)
+        entry = next((e for e in scheduler.cache.values() if e.tokens[:len(tokens)] == tokens), None)
+        if entry is None:
+            self.store.counts["evicted_before_save"] += 1
+            logger.debug("not saving a prefix of %d tokens: its cache entry was evicted first", len(tokens))
+            return
+        runner.apply_kv_ops(scheduler.flush_ops())  # an evicted entry's cells must be gone before the copy
         started = time.monotonic()
-        state = runner.save_sequence_state(sequence.seq_id)
+        state = runner.save_sequence_state(entry.seq_id)
         self.last_copy_ms = (time.monotonic() - started) * 1000
-        logger.info("saving a prefix of %d tokens (%.1f MiB); state copied in %.1f ms", len(tokens),
-                    len(state) / 2**20, self.last_copy_ms, extra={"request_id": sequence.request_id})
-        self._jobs.put((tokens, state))
+        logger.info("saving a prefix of %d tokens (%.1f MiB); state copied in %.1f ms", len(entry.tokens),
+                    len(state) / 2**20, self.last_copy_ms)
+        with self._lock:
+            self._queued.append(entry.tokens)
+        self._jobs.put((entry.tokens, state))
 
     # ---- the writer thread ----------------------------------------------------------------------------
 
@@ -165,4 +190,4 @@ class DiskPrefixCache:
     def stats(self) -> dict[str, Any]:
         """Read from any thread."""
         return {"entries": len(self.store), "bytes": self.store.used_bytes, "budget_bytes": self.store.budget_bytes,
-                **self.store.counts}
+                "pending_saves": len(self._pending), **self.store.counts}

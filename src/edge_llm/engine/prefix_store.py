@@ -162,7 +162,7 @@ class PrefixStore:
         self._lock = threading.Lock()
         self._entries: dict[str, StoredEntry] = {}
         self._by_key: dict[tuple[int, ...], set[str]] = {}
-        self.counts = {"saved": 0, "loaded": 0, "rejected": 0, "evicted": 0}  # since start
+        self.counts = {"saved": 0, "loaded": 0, "rejected": 0, "evicted": 0, "evicted_before_save": 0}  # since start
 
     # ---- start-up --------------------------------------------------------------------------
 

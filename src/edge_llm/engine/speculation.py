@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from edge_llm.engine.drafting import Draft, NgramDrafter
 
@@ -166,6 +166,11 @@ class SpeculationStats:
         self.accepted = 0
         self.drafted_at = [0] * STATS_POSITIONS
         self.accepted_at = [0] * STATS_POSITIONS
+
+    def figures(self) -> dict[str, Any]:
+        """The counters as `EngineStats` names them."""
+        return {"drafted_tokens": self.drafted, "accepted_tokens": self.accepted,
+                "drafted_by_position": tuple(self.drafted_at), "accepted_by_position": tuple(self.accepted_at)}
 
     def record(self, drafted: int, accepted: int) -> None:
         self.drafted += drafted

@@ -18,6 +18,7 @@ from typing import Any
 from edge_llm.engine.acceptance import verify
 from edge_llm.engine.active import ActiveRequest, phase_name
 from edge_llm.engine.channel import Outbox, Sender
+from edge_llm.engine.close_hooks import CloseHooks
 from edge_llm.engine.embeddings import EmbeddingQueue
 from edge_llm.engine.hooks import EngineObserver
 from edge_llm.engine.prefix_disk import DiskPrefixCache
@@ -74,8 +75,7 @@ class Engine:
         # mutually exclusive: a request is either in the inbox before the final drain or refused.
         self._lock = threading.Lock()
         self._closed = False
-        self._close_hooks: list[Callable[[], None]] = []
-        self._close_hooks_ran = False
+        self._close_hooks = CloseHooks()
         self._waiting_ids: set[str] = set()  # submitted, not yet admitted (bounded by queue_capacity)
         self._active: dict[str, ActiveRequest] = {}  # engine thread only
         self._embeddings = EmbeddingQueue()  # engine thread only
@@ -101,14 +101,8 @@ class Engine:
             handler(self.failure)
 
     def add_close_hook(self, hook: Callable[[], None]) -> None:
-        """`hook()` runs on the engine thread when it ends, after the last request is answered and before
-        the model is freed: whoever uses the runner from another thread (the facade's tokenizer thread) stops
-        there. Added after that point, it runs at once."""
-        with self._lock:
-            if not self._close_hooks_ran:
-                self._close_hooks.append(hook)
-                return
-        hook()
+        """`hook()` runs on the engine thread when it ends (engine/close_hooks.py); at once if it already has."""
+        self._close_hooks.add(hook)
 
     def wait_loaded(self, timeout: float | None = None) -> bool:
         return self._loaded.wait(timeout)
@@ -181,10 +175,7 @@ class Engine:
             kv_cells_total=scheduler.n_ctx,
             preemptions=scheduler.preemptions,
             evictions=dict(scheduler.evictions),
-            drafted_tokens=scheduler.speculation.drafted,
-            accepted_tokens=scheduler.speculation.accepted,
-            drafted_by_position=tuple(scheduler.speculation.drafted_at),
-            accepted_by_position=tuple(scheduler.speculation.accepted_at),
+            **scheduler.speculation.figures(),
             kv_bytes_per_cell=self.kv_bytes_per_cell,
             disk_cache=self._disk.stats() if self._disk is not None else None,
         )
@@ -221,30 +212,25 @@ class Engine:
                 else ("the server is shutting down", "shutting_down")
             )
             self._fail_everything(message, code)
-        self._run_close_hooks()
-        if self._disk is not None:
-            self._disk.close()  # the saves already copied are written; they need nothing of the runner
+        self._close_hooks.run()
+        if self._disk is not None:  # a graceful stop copies the pending saves and lets the writer finish them
+            self._disk.close(self._scheduler, self.runner if error is None else None)
         if self.runner is not None:
             self.runner.close()  # here only: on the engine thread, after its last decode and the close hooks
         if self._on_exit is not None:
             self._on_exit(error)
 
-    def _run_close_hooks(self) -> None:
-        with self._lock:
-            hooks, self._close_hooks = self._close_hooks, []
-            self._close_hooks_ran = True
-        for hook in hooks:
-            try:
-                hook()
-            except Exception:  # noqa: BLE001 - the model is freed whatever a hook does
-                logger.exception("engine close hook failed")
-
     def _loop(self) -> None:
         scheduler = self._scheduler
         while True:
             self._outbox.flush()
-            if not self._drain_inbox(block=scheduler.idle() and not self._embeddings.pending):
+            idle = scheduler.idle() and not self._embeddings.pending
+            saving = idle and self._disk is not None and self._disk.has_pending_saves
+            if not self._drain_inbox(block=idle and not saving):
                 return
+            if saving and scheduler.idle():  # nothing came in: a save's copy cannot delay anyone's step
+                self._disk.save_one_pending(scheduler, self.runner)
+                continue
             if self.request_timeout is not None and self._active:
                 self._expire(time.monotonic())
             self._outbox.flush()  # cancellations and refusals at once, not a step later (a no-op when none)
@@ -416,7 +402,7 @@ class Engine:
         phase = phase_name(sequence)
         del self._active[active.request.request_id]
         if self._disk is not None:
-            self._disk.on_finished(sequence, reason, self.runner)  # saved if worth it, while its cells are its own
+            self._disk.on_finished(sequence, reason)  # marked for saving once the engine is idle
         self._scheduler.remove(sequence, keep_in_cache=True)
         if active.sampler is not None:
             active.sampler.close()
