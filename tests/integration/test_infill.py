@@ -142,3 +142,18 @@ def test_a_keystroke_moves_the_cached_rest_of_the_file_and_computes_only_the_edi
     refused = infill(server, input_prefix=FILE_HEAD + "result = m", input_suffix=FILE_TAIL, n_predict=4,
                      cache_prompt=False).json()
     assert refused["timings"]["cache_n"] == 0  # cache_prompt: false neither reuses nor moves anything
+
+
+def test_a_keystroke_in_the_typed_line_appends_to_the_cached_prompt(server: RunningServer) -> None:
+    """The line typed so far (`prompt`) opens the middle, after the suffix: the next keystroke in that line only
+    adds tokens at the end, and everything before them comes from the prefix cache."""
+    line_start = FILE_HEAD.removesuffix("    ")
+    first = infill(server, input_prefix=line_start, prompt="    return math.", input_suffix=FILE_TAIL, n_predict=4)
+    assert first.status_code == 200, first.text
+    typed = infill(server, input_prefix=line_start, prompt="    return math.pi * radius", input_suffix=FILE_TAIL,
+                   n_predict=4).json()
+    timings = typed["timings"]
+    assert typed["tokens_evaluated"] > 300
+    assert timings["prompt_n"] <= 6, timings  # the typed tokens (the last of the line before may be re-split)
+    assert timings["cache_n"] + timings["prompt_n"] == typed["tokens_evaluated"]
+    assert not any(spelling in typed["content"] for spelling in CONTROL_SPELLINGS)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 
-from edge_llm.engine.step_plan import KvCopyRange, KvShift, KvTrim
+from edge_llm.engine.step_plan import KvShift, KvTrim
 from edge_llm.engine.scheduler import KvCopy, KvOp, KvRemove, Phase, Scheduler, Sequence, StepPlan
 
 
@@ -50,14 +50,14 @@ class KvModel:
             if isinstance(op, KvRemove):
                 assert 0 <= op.seq_id < self.n_seq_max
                 self.cells.pop(op.seq_id, None)
-            elif isinstance(op, KvCopy):
+            elif isinstance(op, KvCopy) and op.start == 0:  # a prefix, into a sequence that holds nothing
                 assert op.src_seq != op.dst_seq
                 src = self.cells.get(op.src_seq, {})
-                assert op.length > 0 and all(p in src for p in range(op.length)), \
-                    f"copy of {op.length} positions from a sequence holding {sorted(src)}"
+                assert op.end > 0 and all(p in src for p in range(op.end)), \
+                    f"copy of {op.end} positions from a sequence holding {sorted(src)}"
                 assert not self.cells.get(op.dst_seq), "copy into a sequence that still holds cells"
-                self.cells[op.dst_seq] = {p: src[p] for p in range(op.length)}
-            elif isinstance(op, KvCopyRange):
+                self.cells[op.dst_seq] = {p: src[p] for p in range(op.end)}
+            elif isinstance(op, KvCopy):  # a moved chunk's range
                 src = self.cells.get(op.src_seq, {})
                 dst = self.cells.setdefault(op.dst_seq, {})
                 taken = {p: cell for p, cell in src.items() if op.start <= p < op.end}

@@ -326,7 +326,7 @@ def test_prefix_cache_reports_cached_tokens(make_engine) -> None:
     assert last(second).usage.prompt_tokens == 12
     assert last(third).usage.cached_tokens == 4
     copies = [op for op in runner.kv.log if isinstance(op, KvCopy)]
-    assert [op.length for op in copies] == [11, 4]
+    assert [op.end for op in copies] == [11, 4]
     # only the uncached prompt tokens were decoded for b
     b_seq = runner.samplers[1].seq_id
     b_prefill = [t for p in runner.plans for t, s in zip(p.tokens, p.seq_ids) if s == b_seq]

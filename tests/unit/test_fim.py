@@ -23,11 +23,11 @@ def text_of(tokens: list[int]) -> str:
     return "".join(names.get(t, chr(t)) for t in tokens)
 
 
-def test_the_layout_is_llama_servers_repository_pattern() -> None:
+def test_the_layout_is_llama_servers_repository_pattern_with_the_typed_line_opening_the_middle() -> None:
     tokens = infill_prompt(chars, QWEN_LIKE, prefix="def f():\n    ", suffix="\nf()\n", prompt="ret",
                            extra=[ExtraFile("a.py", "A=1\n"), ExtraFile("b.py", "B=2\n")], n_predict=16, n_ctx=8192)
     assert text_of(tokens) == ("<REP>myproject\n<SEP>a.py\nA=1\n<SEP>b.py\nB=2\n<SEP>filename\n"
-                               "<PRE>def f():\n    ret<SUF>\nf()\n<MID>")
+                               "<PRE>def f():\n    <SUF>\nf()\n<MID>ret")
 
 
 def test_a_model_without_repository_tokens_gets_snippet_separators_and_a_bos() -> None:
@@ -55,8 +55,16 @@ def test_long_prefix_keeps_its_end_and_long_suffix_its_beginning() -> None:
     text = text_of(tokens)
     body_prefix = text[text.index("<PRE>") + 5:text.index("<SUF>")]
     body_suffix = text[text.index("<SUF>") + 5:text.index("<MID>")]
-    assert body_prefix.endswith("ENDab") and len(body_prefix) == 3 * FIM_WINDOW // 4 + 2
-    assert body_suffix.startswith("START") and len(body_suffix) == FIM_WINDOW // 4 - (2 + 2)
+    assert body_prefix.endswith("END") and len(body_prefix) == 3 * FIM_WINDOW // 4
+    assert body_suffix.startswith("START") and len(body_suffix) == FIM_WINDOW // 4 - 2
+    assert text.endswith("<MID>ab")
+
+
+def test_a_keystroke_appends_to_the_previous_prompt() -> None:
+    file = dict(prefix="def area(r):\n" * 400, suffix="\nprint(area(2))\n" * 200, n_predict=32, n_ctx=8192)
+    before = infill_prompt(chars, QWEN_LIKE, prompt="    return 3.1", **file)
+    after = infill_prompt(chars, QWEN_LIKE, prompt="    return 3.14159 *", **file)
+    assert after[:len(before)] == before
 
 
 def test_repository_context_is_cut_to_what_the_context_leaves_keeping_its_newest_part() -> None:

@@ -421,7 +421,7 @@ def test_at_most_all_but_the_last_prompt_token_is_reused(prompt: list[int], expe
     b = d.s.add("b", prompt, 2)
     plan = d.step()
     assert b.cached_tokens == expected
-    assert [op for op in plan.kv_ops if isinstance(op, KvCopy)][0].length == expected
+    assert [op for op in plan.kv_ops if isinstance(op, KvCopy)][0].end == expected
     if expected < len(prompt) - 1:  # the uncached rest of prompt[:-1] is prefilled first
         assert plan.positions == list(range(expected, len(prompt) - 1))
         assert plan.tokens == prompt[expected:-1]

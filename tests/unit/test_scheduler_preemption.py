@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from edge_llm.engine.kv_ledger import KvLedger
-from edge_llm.engine.step_plan import KvCopyRange, KvShift, KvTrim
+from edge_llm.engine.step_plan import KvCopy, KvShift, KvTrim
 from edge_llm.engine.scheduler import MAX_PREEMPTIONS, KvRemove, Phase, RequestTooLargeError, Scheduler, Sequence
 
 from .scheduler_model import Driver
@@ -171,12 +171,12 @@ def test_a_keystroke_moves_the_unchanged_rest_of_the_file_and_computes_only_the_
     plan = d.plans[-1]
     assert after.seq_id == first.seq_id and not d.s.cache  # it took the entry over
     holder = plan.kv_ops[0].dst_seq  # a spare sequence holds the chunk while the typed tokens are computed
-    assert plan.kv_ops == [KvCopyRange(first.seq_id, holder, 42, 42 + 60), KvTrim(first.seq_id, 42)]
+    assert plan.kv_ops == [KvCopy(first.seq_id, holder, start=42, end=42 + 60), KvTrim(first.seq_id, 42)]
     assert after.cached_tokens == 42 + 60
     assert plan.prefilled_tokens == 3  # only the typed tokens; the last prompt token is decoded next
     assert after.moved is None and after.n_past == len(edited) - 1  # reached: the chunk moves after them
     # after this step's decode (a retry of this batch must not see the chunk yet: llama.cpp appends positions)
-    assert d.s._after_decode_ops == [KvShift(holder, 42, 42 + 60, 3), KvCopyRange(holder, first.seq_id, 45, 45 + 60),
+    assert d.s._after_decode_ops == [KvShift(holder, 42, 42 + 60, 3), KvCopy(holder, first.seq_id, start=45, end=45 + 60),
                                      KvRemove(holder)]
     d.check_coherent()
     d.check_invariants()
@@ -210,7 +210,7 @@ def test_no_chunk_is_moved_without_reuse_or_when_its_cells_are_shared() -> None:
     d.run()
     plain = d.s.add("plain", FILE_HEAD + [7, 8, 50] + FILE_TAIL + [9], 2)  # reuse_min 0: a plain prefix copy
     plan = d.step(finish_at_max=False)
-    assert not any(isinstance(op, KvCopyRange) for op in plan.kv_ops) and plain.cached_tokens == 42
+    assert not any(isinstance(op, KvCopy) and op.start > 0 for op in plan.kv_ops) and plain.cached_tokens == 42
     d.finish(plain, keep_in_cache=False)
     d.run()
     assert len(d.s.cache) == 1
@@ -219,7 +219,7 @@ def test_no_chunk_is_moved_without_reuse_or_when_its_cells_are_shared() -> None:
     edit = d.s.add("edit", FILE_HEAD + [7, 8, 60] + FILE_TAIL + [9], 2, reuse_min=16)
     plan = d.step(finish_at_max=False)
     assert plan.admitted == [twin, edit]
-    assert not any(isinstance(op, KvCopyRange) for op in plan.kv_ops)
+    assert not any(isinstance(op, KvCopy) and op.start > 0 for op in plan.kv_ops)
     d.check_invariants()
     d.run()
 

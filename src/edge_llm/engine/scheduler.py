@@ -21,7 +21,7 @@ from collections import OrderedDict, deque
 
 from edge_llm.engine.kv_ledger import KvLedger
 from edge_llm.engine.scheduler_entries import OutsideEntries
-from edge_llm.engine.step_plan import KvCopy, KvCopyRange, KvOp, KvRemove, KvShift, KvTrim, StepPlan
+from edge_llm.engine.step_plan import KvCopy, KvOp, KvRemove, KvShift, KvTrim, StepPlan
 from edge_llm.engine.sequence import CacheEntry, MovedChunk, Phase, Sequence
 from edge_llm.engine.speculation import ROW_COST, Speculation, SpeculationStats, lay_out_drafts, row_cost_at
 from edge_llm.engine.token_match import common_prefix_length, moved_chunk
@@ -373,7 +373,7 @@ class Scheduler(OutsideEntries):
         del self.cache[entry.seq_id]
         head.seq_id = entry.seq_id
         holder = self._free_seq_ids.pop(0)
-        self._pending_ops += [KvCopyRange(entry.seq_id, holder, old_start, old_start + chunk),
+        self._pending_ops += [KvCopy(entry.seq_id, holder, start=old_start, end=old_start + chunk),
                               KvTrim(entry.seq_id, length)]
         self.ledger.truncate(entry.seq_id, length)
         self.ledger.grow(holder, chunk)
@@ -393,7 +393,7 @@ class Scheduler(OutsideEntries):
         if moved.start != moved.old_start:
             ops.append(KvShift(moved.holder, moved.old_start, moved.old_start + moved.length,
                                moved.start - moved.old_start))
-        ops.append(KvCopyRange(moved.holder, sequence.seq_id, moved.start, end))
+        ops.append(KvCopy(moved.holder, sequence.seq_id, start=moved.start, end=end))
         ops.append(KvRemove(moved.holder))
         self._release_seq_id(moved.holder, queue_removal=False)
         self.ledger.grow(sequence.seq_id, moved.length)

@@ -9,9 +9,13 @@ from edge_llm.engine.sequence import Sequence
 
 @dataclass(frozen=True)
 class KvCopy:
+    """`dst_seq` also holds `src_seq`'s cells at positions [start, end): shared cells (seq_cp adds the id), not a
+    copy of the data. A prefix is [0, end)."""
+
     src_seq: int
     dst_seq: int
-    length: int  # positions [0, length)
+    end: int
+    start: int = 0
 
 
 @dataclass(frozen=True)
@@ -22,16 +26,6 @@ class KvRemove:
 # With --cache-reuse a chunk of a cached sequence is moved to other positions (engine/scheduler.py, "moved
 # chunks"). llama.cpp re-rotates the moved keys (RoPE) at the next decode; their values still reflect the text
 # that preceded them before, an approximation only requests that ask for it get.
-
-
-@dataclass(frozen=True)
-class KvCopyRange:
-    """`dst_seq` also holds `src_seq`'s cells at positions [start, end) (shared, as KvCopy)."""
-
-    src_seq: int
-    dst_seq: int
-    start: int
-    end: int
 
 
 @dataclass(frozen=True)
@@ -53,7 +47,7 @@ class KvShift:
     delta: int
 
 
-KvOp = KvCopy | KvRemove | KvCopyRange | KvTrim | KvShift
+KvOp = KvCopy | KvRemove | KvTrim | KvShift
 
 
 @dataclass

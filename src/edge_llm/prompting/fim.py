@@ -1,13 +1,18 @@
 """Fill-in-the-middle: the prompt an editor's completion request becomes, and where the completion ends.
 
 The layout is llama-server's (`format_prompt_infill`), the repository-level pattern the Qwen2.5-Coder report
-trained for (arXiv 2409.12186):
+trained for (arXiv 2409.12186), with one change — the line typed so far (`prompt`) opens the middle instead of
+closing the prefix:
 
-    [FIM_REP]myproject\\n [FIM_SEP]name0\\n text0 … [FIM_SEP]filename\\n [FIM_PRE]prefix prompt [FIM_SUF]suffix [FIM_MID]
+    [FIM_REP]myproject\\n [FIM_SEP]name0\\n text0 … [FIM_SEP]filename\\n [FIM_PRE]prefix [FIM_SUF]suffix [FIM_MID]prompt
 
-Every text is tokenized as plain text, so code that happens to contain "<|fim_middle|>" stays text. The prefix
-keeps its last 3/4 of the window and the suffix its first 1/4 (minus the prompt); the repository context fills
-what is left of the context before them, its newest tokens first.
+The model reads the same text in the same order (prefix, suffix, then the middle as far as it is known) and
+continues the middle either way, but each keystroke in a line now only appends to the previous request's prompt:
+the prefix cache serves everything before it, with no chunk to move and no keys to re-rotate (llama-server puts
+`prompt` before the suffix, so every keystroke changes its prompt in the middle). Every text is tokenized as plain
+text, so code that happens to contain "<|fim_middle|>" stays text. The prefix keeps its last 3/4 of the window and
+the suffix its first 1/4; the repository context fills what is left of the context before them, its newest tokens
+first.
 """
 
 from __future__ import annotations
@@ -39,9 +44,9 @@ def infill_prompt(tokenize: Callable[[str], list[int]], fim: FimTokens, *, prefi
     prefix_tokens = tokenize(prefix) if prefix else []
     suffix_tokens = tokenize(suffix) if suffix else []
     prefix_take = min(len(prefix_tokens), 3 * (FIM_WINDOW // 4))
-    suffix_take = min(len(suffix_tokens), max(0, FIM_WINDOW // 4 - (2 + len(prompt_tokens))))
-    head = [fim.prefix] + prefix_tokens[len(prefix_tokens) - prefix_take:] + prompt_tokens
-    tail = [fim.suffix] + suffix_tokens[:suffix_take] + [fim.middle]
+    suffix_take = min(len(suffix_tokens), FIM_WINDOW // 4 - 2)  # not less as the line grows: keystrokes append
+    head = [fim.prefix] + prefix_tokens[len(prefix_tokens) - prefix_take:]
+    tail = [fim.suffix] + suffix_tokens[:suffix_take] + [fim.middle] + prompt_tokens
     if bos is not None:
         head.insert(0, bos)
     context = _repository_context(tokenize, fim, extra)

@@ -23,7 +23,7 @@ from edge_llm.engine.kv_types import KV_TYPES
 from edge_llm.engine.llama.embedding import EmbeddingContext
 from edge_llm.engine.llama.kv_state import read_sequence_state, write_sequence_state
 from edge_llm.engine.llama.sampling import Sampler, TokenSampling
-from edge_llm.engine.step_plan import KvCopy, KvCopyRange, KvOp, KvRemove, KvShift, KvTrim
+from edge_llm.engine.step_plan import KvCopy, KvOp, KvRemove, KvShift, KvTrim
 from edge_llm.engine.scheduler import StepPlan
 from edge_llm.engine.types import (
     FimTokens,
@@ -272,8 +272,6 @@ class LlamaRunner:
             if isinstance(op, KvRemove):
                 llama_cpp.llama_memory_seq_rm(self._memory, op.seq_id, -1, -1)
             elif isinstance(op, KvCopy):
-                llama_cpp.llama_memory_seq_cp(self._memory, op.src_seq, op.dst_seq, 0, op.length)
-            elif isinstance(op, KvCopyRange):
                 llama_cpp.llama_memory_seq_cp(self._memory, op.src_seq, op.dst_seq, op.start, op.end)
             elif isinstance(op, KvTrim):
                 llama_cpp.llama_memory_seq_rm(self._memory, op.seq_id, op.start, op.end)
