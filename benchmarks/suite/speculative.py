@@ -1,6 +1,7 @@
 """Speculative decoding (issue 17): ours with `--speculative off` against `--speculative ngram`, and llama.cpp's
 llama-server with `--spec-type ngram-simple` beside, on code edits (a ~45-line Python file sent back whole with a
-variable renamed, type hints or docstrings added) and free prose, at 1 and 4 clients (and 8 for prose), greedy.
+variable renamed, type hints or docstrings added), free prose and JSON written freely, at 1 and 4 clients (and 8 for
+prose), greedy.
 
 Each level runs on the three servers one right after the other (a paired design); a request is a non-streamed chat
 completion whose server-side `timings` give its decode rate. Ratios, targets and Markdown are at the bottom."""
@@ -27,8 +28,8 @@ OFF, NGRAM, PEER = "ours off", "ours ngram", "llama-server ngram-simple"
 SERVERS = (OFF, NGRAM, PEER)
 PEER_FLAGS = ("--spec-type", "ngram-simple")
 CODE_TOKENS, PROSE_TOKENS = 1024, 256
-LEVELS = {"code": (1, 4), "prose": (1, 4, 8)}
-QUICK_LEVELS = {"code": (1, 4), "prose": (1,)}  # --quick, for a machine shared with others
+LEVELS = {"code": (1, 4), "prose": (1, 4, 8), "json": (1, 4)}
+QUICK_LEVELS = {"code": (1, 4), "prose": (1,), "json": (1,)}  # --quick, for a machine shared with others
 
 SOURCE = '''import csv
 import statistics
@@ -96,11 +97,22 @@ PROSE_TASKS = (
     "Write a diary entry of an astronaut on the moon.",
 )
 
+# JSON written freely (no response_format): half its tokens repeat keys and punctuation, the rest are new values
+JSON_TASKS = (
+    "Fill in the staff directory of a fictional software company: its name and ten team members, each with name, "
+    "age, role, city and country, three skills and whether they are active. Answer in JSON.",
+    "List eight countries with their capital, population, official languages and currency. Answer in JSON.",
+    "Describe six fictional books: title, author, year, genre, page count and a one-sentence summary. Answer in JSON.",
+)
+JSON_TOKENS = 200
+
 
 def prompts(workload: str) -> list[tuple[str, int]]:
     """(user message, max_tokens) of each task of a workload."""
     if workload == "code":
         return [(f"{task}\n\n```python\n{SOURCE}```", CODE_TOKENS) for task in CODE_TASKS]
+    if workload == "json":
+        return [(task, JSON_TOKENS) for task in JSON_TASKS]
     return [(task, PROSE_TOKENS) for task in PROSE_TASKS]
 
 
@@ -127,10 +139,10 @@ def one_request(url: str, content: str, max_tokens: int) -> dict[str, Any]:
 
 def run_level(url: str, workload: str, clients: int, rounds: int) -> dict[str, Any]:
     """`clients` clients each sending `rounds` requests in turn, client i starting at task i; one client sends every
-    code task (the median is over tasks) and at least two prose ones."""
+    code and JSON task (the median is over tasks) and at least two prose ones."""
     tasks = prompts(workload)
     if clients == 1:
-        rounds = max(rounds, len(tasks) if workload == "code" else 2)
+        rounds = max(rounds, 2 if workload == "prose" else len(tasks))
 
     def client(index: int) -> list[dict[str, Any]]:
         return [one_request(url, *tasks[(index + r * clients) % len(tasks)]) for r in range(rounds)]
@@ -250,7 +262,8 @@ def same_texts(runs: dict[str, Any], workload: str, clients: int) -> tuple[int, 
 
 def speculative_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     runs = results.get("runs") or {}
-    goals = [("code", 1, 1.6), ("code", 4, 1.2), ("prose", 1, 0.97), ("prose", 4, 0.97), ("prose", 8, 0.97)]
+    goals = [("code", 1, 1.6), ("code", 4, 1.2), ("prose", 1, 0.97), ("prose", 4, 0.97), ("prose", 8, 0.97),
+             ("json", 1, 0.97), ("json", 4, 0.97)]
     return [target(f"ours ngram / off, {workload}, {clients} client{'s' if clients > 1 else ''}, "
                    f"{'decode tok/s' if clients == 1 else 'aggregate tok/s'}",
                    ratio(runs, NGRAM, workload, clients, key_for(clients)), ">=", bound,

@@ -1,7 +1,7 @@
 """Speculative decoding on the real model (issue 17): greedy answers with drafts are the answers without them.
 
-Both servers run one sequence at a time without the prefix cache (`repeatable_server` speculates, as by default;
-`plain_server` runs with `--speculative off`). A draft changes the batch a token's logits are computed in, which
+Both servers run one sequence at a time without the prefix cache (`drafting_server` with `--speculative ngram`,
+`plain_server` with `--speculative off`, the default). A draft changes the batch a token's logits are computed in, which
 changes llama.cpp's rounding as a batch mate does, so two answers may part at a near-tie and nowhere else
 (tests/helpers.agreeing_tokens); a wrongly accepted or lost token is not a near-tie and fails.
 """
@@ -54,6 +54,13 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
+def drafting_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    with run_server(tmp_path_factory.mktemp("drafting"), "--parallel", "1", "--cache-slots", "0",
+                    "--speculative", "ngram") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
 def plain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     with run_server(tmp_path_factory.mktemp("plain"), "--parallel", "1", "--cache-slots", "0",
                     "--speculative", "off") as running:
@@ -68,12 +75,12 @@ def chat(server: RunningServer, content: str, **fields: Any) -> dict[str, Any]:
     return response.json()
 
 
-def test_greedy_answers_with_drafts_are_the_answers_without(repeatable_server: RunningServer,
+def test_greedy_answers_with_drafts_are_the_answers_without(drafting_server: RunningServer,
                                                             plain_server: RunningServer) -> None:
-    before = scrape(repeatable_server)
+    before = scrape(drafting_server)
     accepted_on_code = 0
     for index, prompt in enumerate(PROMPTS):
-        drafted, plain = chat(repeatable_server, prompt), chat(plain_server, prompt)
+        drafted, plain = chat(drafting_server, prompt), chat(plain_server, prompt)
         entries = drafted["choices"][0]["logprobs"]["content"]
         assert len(entries) == drafted["usage"]["completion_tokens"], "one logprob entry per emitted token"
         shared = agreeing_tokens(entries, plain["choices"][0]["logprobs"]["content"])
@@ -83,7 +90,7 @@ def test_greedy_answers_with_drafts_are_the_answers_without(repeatable_server: R
         if index < 2:
             accepted_on_code += drafted["timings"].get("draft_n_accepted", 0)
     assert accepted_on_code > 100, "the code edits were barely drafted"
-    after = scrape(repeatable_server)
+    after = scrape(drafting_server)
     drafted_tokens = metric(after, "edge_llm_speculative_drafted_tokens_total") - \
         metric(before, "edge_llm_speculative_drafted_tokens_total")
     accepted_tokens = metric(after, "edge_llm_speculative_accepted_tokens_total") - \
@@ -93,10 +100,10 @@ def test_greedy_answers_with_drafts_are_the_answers_without(repeatable_server: R
         metric(after, "edge_llm_speculative_accepted_tokens_total")
 
 
-def test_stop_strings_grammar_and_opt_out_with_drafts(repeatable_server: RunningServer,
+def test_stop_strings_grammar_and_opt_out_with_drafts(drafting_server: RunningServer,
                                                       plain_server: RunningServer) -> None:
     # a stop string inside text the drafts copy from the prompt
-    stop = chat(repeatable_server, PROMPTS[0], stop=["def items_by_count"], max_tokens=400)
+    stop = chat(drafting_server, PROMPTS[0], stop=["def items_by_count"], max_tokens=400)
     assert stop["choices"][0]["finish_reason"] == "stop"
     assert "items_by_count" not in stop["choices"][0]["message"]["content"]
     assert "def total_quantity" in stop["choices"][0]["message"]["content"]
@@ -106,12 +113,12 @@ def test_stop_strings_grammar_and_opt_out_with_drafts(repeatable_server: Running
     fields = {"response_format": {"type": "json_schema", "json_schema": {"name": "names", "schema": schema}}}
     prompt = ("Return the function names defined in this code as JSON {\"names\": [...]}, repeated three times in "
               f"the list:\n\n{CODE}")
-    drafted, plain = chat(repeatable_server, prompt, **fields), chat(plain_server, prompt, **fields)
+    drafted, plain = chat(drafting_server, prompt, **fields), chat(plain_server, prompt, **fields)
     agreeing_tokens(drafted["choices"][0]["logprobs"]["content"], plain["choices"][0]["logprobs"]["content"])
     if drafted["choices"][0]["finish_reason"] == "stop":
         assert isinstance(json.loads(drafted["choices"][0]["message"]["content"])["names"], list)
     # opting out
-    opted_out = chat(repeatable_server, PROMPTS[0], speculative=False, max_tokens=20)
+    opted_out = chat(drafting_server, PROMPTS[0], speculative=False, max_tokens=20)
     assert "draft_n" not in opted_out["timings"]
-    sampled = chat(repeatable_server, PROMPTS[0], temperature=0.7, seed=1, max_tokens=60)
+    sampled = chat(drafting_server, PROMPTS[0], temperature=0.7, seed=1, max_tokens=60)
     assert "draft_n" in sampled["timings"]  # sampled requests speculate too (the same distribution)

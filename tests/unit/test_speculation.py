@@ -12,7 +12,14 @@ import pytest
 from edge_llm.engine.acceptance import verify
 from edge_llm.engine.drafting import Draft, NgramDrafter
 from edge_llm.engine.kv_ledger import KvLedger
-from edge_llm.engine.speculation import MAX_DRAFT_ROWS, AcceptanceRate, Speculation, SpeculationStats, allocate
+from edge_llm.engine.speculation import (
+    MAX_DRAFT_ROWS,
+    PRIOR_RATE,
+    AcceptanceRate,
+    Speculation,
+    SpeculationStats,
+    allocate,
+)
 from edge_llm.engine.step_plan import KvTrim
 from edge_llm.engine.types import Finished, FinishReason, GenerationRequest, SamplingParams, TextDelta
 from edge_llm.engine.worker import Engine
@@ -71,9 +78,9 @@ def test_drafter_rejects_bad_sizes() -> None:
 
 def test_acceptance_rate_follows_recent_verifications() -> None:
     rate = AcceptanceRate()
-    assert rate.rate == 0.5
+    assert rate.rate == PRIOR_RATE
     rate.update(reached=8, accepted=8)
-    assert rate.rate > 0.8
+    assert rate.rate > 0.9
     for _ in range(5):
         rate.update(reached=1, accepted=0)
     assert rate.rate < 0.5

@@ -30,19 +30,23 @@ if TYPE_CHECKING:
     from edge_llm.engine.sequence import Sequence
     from edge_llm.engine.step_plan import StepPlan
 
-# The cost of one more batch row relative to the fixed cost of a decode step, measured on the default model on 2
-# cores (benchmarks/README.md, speculative decoding). A constant, not measured as the engine runs: the drafts, and
-# so the batches, must follow from the tokens alone, or a request that runs alone would not repeat its answer
-# (docs/architecture.md, Repeatability).
-ROW_COST = 0.15
+# The cost of one more batch row (with its logits) relative to the fixed cost of a decode step, on the default model
+# on 2 cores: 0.48-0.83 measured in process (benchmarks/README.md, speculative decoding), and 0.6 the value that kept
+# the gain on prose (+36% at 1 client) while making free JSON, whose drafts are accepted about half the time, no
+# slower than no drafting (0.15 drafted from a 13% acceptance on and was 11% slower there). A constant, not measured
+# as the engine runs: the drafts, and so the batches, must follow from the tokens alone, or a request that runs alone
+# would not repeat its answer (docs/architecture.md, Repeatability).
+ROW_COST = 0.6
 # A row attends over every KV cell in use (llama.cpp's unified cache), so it costs more as they grow: per 1,000 cells.
 ROW_COST_PER_1K_CELLS = 0.0
 MAX_DRAFT = 32  # draft tokens a sequence verifies in one step at most
 MAX_DRAFT_ROWS = 64  # draft tokens in one step at most
 STATS_POSITIONS = MAX_DRAFT
-# Acceptance is estimated per n-gram size with exponential forgetting: the last ~10 verified positions count.
+# Acceptance is estimated per n-gram size with exponential forgetting: the last ~10 verified positions count. A
+# sequence starts from an optimistic prior, high enough that its first draft rides in a batch of up to ~6 sequences
+# at ROW_COST (a rate is learnt only from drafts verified); drafts that fail then bring it under the bar.
 DECAY = 0.9
-PRIOR_RATE = 0.5
+PRIOR_RATE = 0.8
 PRIOR_WEIGHT = 2.0
 
 
