@@ -153,7 +153,7 @@ def test_a_keystroke_in_the_typed_line_appends_to_the_cached_prompt(server: Runn
     typed = infill(server, input_prefix=line_start, prompt="    return math.pi * radius", input_suffix=FILE_TAIL,
                    n_predict=4).json()
     timings = typed["timings"]
-    assert typed["tokens_evaluated"] > 300
+    assert typed["tokens_evaluated"] > 250
     assert timings["prompt_n"] <= 6, timings  # the typed tokens (the last of the line before may be re-split)
     assert timings["cache_n"] + timings["prompt_n"] == typed["tokens_evaluated"]
     assert not any(spelling in typed["content"] for spelling in CONTROL_SPELLINGS)

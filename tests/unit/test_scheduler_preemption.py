@@ -328,3 +328,24 @@ SchedulerMachine.TestCase.settings = settings(
     max_examples=300, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 test_scheduler_state_machine = SchedulerMachine.TestCase
+
+
+def test_older_cache_entries_sharing_a_chunk_are_evicted_so_that_it_can_move() -> None:
+    """Keystrokes in the typed line append, so each entry shares the file's cells with the one before; on the next
+    line the chunk is moved all the same: the older entries, not running sequences, give their share up."""
+    d = make(n_ctx=600, batch_size=64, parallel=2, cache_slots=3)
+    base = FILE_HEAD + [7, 8] + FILE_TAIL + [9]
+    older = d.s.add("older", base, 2, reuse_min=16)
+    d.run()
+    newer = d.s.add("newer", base + [5, 6], 2, reuse_min=16)  # shares "older"'s prompt cells, then its own
+    d.run()
+    assert len(d.s.cache) == 2 and not d.s.ledger.sole_holder_from(newer.seq_id, 42)
+    edited = FILE_HEAD + [7, 8, 60, 61] + FILE_TAIL + [9]
+    after = d.s.add("after", edited, 2, reuse_min=16)
+    plan = d.step(finish_at_max=False)
+    assert plan.admitted == [after] and after.cached_tokens == 42 + 60
+    assert any(isinstance(op, KvCopy) and op.start > 0 for op in plan.kv_ops)  # the chunk moved
+    assert d.s.evictions["moved_chunk"] == 1 and older.seq_id not in d.s.cache
+    d.check_coherent()
+    d.check_invariants()
+    d.run()

@@ -100,12 +100,17 @@ class KvLedger:
 
     def sole_holder_from(self, seq_id: int, position: int) -> bool:
         """Nobody else holds any of `seq_id`'s cells at positions >= `position` (they may be moved)."""
+        return not self.other_holders_from(seq_id, position)
+
+    def other_holders_from(self, seq_id: int, position: int) -> set[int]:
+        """The other sequences holding any of `seq_id`'s cells at positions >= `position`."""
+        others: set[int] = set()
         for block in self._holdings.get(seq_id, []):
             if block.ends[seq_id] <= position:
                 continue
-            if any(end > max(position, block.start) for holder, end in block.ends.items() if holder != seq_id):
-                return False
-        return True
+            others.update(holder for holder, end in block.ends.items()
+                          if holder != seq_id and end > max(position, block.start))
+        return others
 
     def used_without(self, seq_ids: set[int], truncated: dict[int, int] | None = None) -> int:
         """The cells in use if the holders `seq_ids` dropped theirs (and each holder in `truncated` kept only the

@@ -30,7 +30,7 @@ MAX_PREEMPTIONS = 3
 # A preempted sequence comes back only when every running sequence can then grow this many more tokens:
 # resumed on the first free cells, it would be the newest again and the next victim within a step or two.
 RESUME_STEPS = 16
-EVICTION_REASONS = ("cache_slots", "kv_cells", "covered", "cleared")
+EVICTION_REASONS = ("cache_slots", "kv_cells", "covered", "cleared", "moved_chunk")
 
 MIN_SHARED_PREFIX = 8  # shorter common prefixes with running sequences are not worth waiting for
 
@@ -353,7 +353,7 @@ class Scheduler(OutsideEntries):
     def _movable_chunk(self, head: Sequence, match: tuple[CacheEntry, int] | None) -> tuple[int, int, int] | None:
         """--cache-reuse: (old start, new start, length) of a chunk of the matched entry's tokens after their common
         prefix that reappears in the rest of `head`'s feed (a keystroke's edit, then the unchanged rest of the
-        file), when it is long enough and its cells are the entry's alone; None otherwise."""
+        file), when it is long enough and no running sequence shares its cells; None otherwise."""
         if match is None or head.reuse_min <= 0 or head.preemptions:
             return None
         entry, length = match
@@ -361,8 +361,13 @@ class Scheduler(OutsideEntries):
         if lead is not None and lead[1] > length:
             return None  # a running sequence shares more: head follows it instead
         found = moved_chunk(entry.tokens, head.feed, length, len(head.feed) - 1, head.reuse_min)
-        if found is None or not self.ledger.sole_holder_from(entry.seq_id, found[0]):
+        if found is None:
             return None
+        others = self.ledger.other_holders_from(entry.seq_id, found[0])
+        if not others <= set(self.cache):
+            return None  # a running sequence shares the chunk's cells: they cannot move under it
+        for seq_id in others:  # older entries of the same file (earlier keystrokes): moving the chunk outdates them
+            self._evict(seq_id, "moved_chunk")
         return found
 
     def _take_over_with_moved_chunk(self, head: Sequence, entry: CacheEntry, length: int,
