@@ -31,11 +31,11 @@ if TYPE_CHECKING:
     from edge_llm.engine.step_plan import StepPlan
 
 # The cost of one more batch row (with its logits) relative to the fixed cost of a decode step, on the default model
-# on 2 cores: 0.48-0.83 measured in process (benchmarks/README.md, speculative decoding), and 0.6 the value that kept
-# the gain on prose (+36% at 1 client) while making free JSON, whose drafts are accepted about half the time, no
-# slower than no drafting (0.15 drafted from a 13% acceptance on and was 11% slower there). A constant, not measured
-# as the engine runs: the drafts, and so the batches, must follow from the tokens alone, or a request that runs alone
-# would not repeat its answer (docs/architecture.md, Repeatability).
+# on 2 cores: 0.41-0.83 measured in process (benchmarks/README.md, speculative decoding). 0.6 kept the gain on code
+# and on prose at one client; free JSON (drafts accepted about half the time) was still 7-16% slower than no
+# drafting in the benchmark, and prose at 4-8 clients 12%, which is why --speculative defaults to off. A constant,
+# not measured as the engine runs: the drafts, and so the batches, must follow from the tokens alone, or a request
+# that runs alone would not repeat its answer (docs/architecture.md, Repeatability).
 ROW_COST = 0.6
 # A row attends over every KV cell in use (llama.cpp's unified cache), so it costs more as they grow: per 1,000 cells.
 ROW_COST_PER_1K_CELLS = 0.0
