@@ -30,7 +30,7 @@ from .load import shared_prefix_text
 from .measure import wait_for_quiet
 from .plan import REPO, RESULTS, THREADS, Plan
 from .prefix_restart import prefix_restart_markdown, run_prefix_restart
-from .real_client import CLIENTS, PREFIX_RULES, QUESTIONS, SEED, TEMPERATURE, run_real_client
+from .real_client import BUDGET_S, CLIENTS, PREFIX_RULES, QUESTIONS, QUICK_BUDGET_S, SEED, TEMPERATURE, run_real_client
 from .run import git_commit
 from .speculative import NGRAM, OFF, PEER_FLAGS, row_costs, run_speculative, speculative_markdown, speculative_targets
 from .speculative import PEER as SPECULATIVE_PEER
@@ -124,7 +124,8 @@ def prefix_tokens(url: str, text: str) -> int | None:
 def run_real_client_part(args: argparse.Namespace, plan: Plan, model: Path, binary: Path | None) -> dict[str, Any]:
     results: dict[str, Any] = {"meta": {**metadata(model, plan, binary), "clients": CLIENTS, "peer_parallel": CLIENTS,
                                         "requests": CLIENTS if plan.quick else len(QUESTIONS),
-                                        "temperature": TEMPERATURE, "seed": SEED}}
+                                        "temperature": TEMPERATURE, "seed": SEED,
+                                        "budget_s": QUICK_BUDGET_S if plan.quick else BUDGET_S}}
     with servers(model, binary, CLIENTS) as running:
         results["meta"]["prefix_tokens"] = prefix_tokens(running[0].url, shared_prefix_text(PREFIX_RULES))
         results.update(run_real_client(running, plan))

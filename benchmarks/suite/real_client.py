@@ -6,7 +6,9 @@ polled from /metrics during the run: ours `edge_llm_running_sequences`, llama-se
 
 Sampling is a chat client's (temperature 0.7, a fixed seed), not greedy: at temperature 0 this 0.5B model
 falls into repetition loops on several of the questions and, with no `max_tokens`, runs until the context is full
-(thousands of tokens per answer; a run did not finish in 17 minutes)."""
+(thousands of tokens per answer; a run did not finish in 17 minutes). Even at 0.7 a few answers do, so each
+server gets a time budget (`BUDGET_S`): no question starts after it, the streams still open are closed then, and
+the tokens they sent count; the report says how many were cut."""
 
 from __future__ import annotations
 
@@ -34,6 +36,8 @@ TEMPERATURE = 0.7
 SEED = 1234
 PREFIX_RULES = 26  # 1,003 tokens of system prompt with the default model
 POLL_S = 0.25
+BUDGET_S = 360.0
+QUICK_BUDGET_S = 150.0
 RUNNING_METRICS = ("edge_llm_running_sequences", "llamacpp:requests_processing")
 QUESTIONS = (
     "Which rules are about naming? Quote them.",
@@ -89,7 +93,8 @@ async def _run(server: Server, prefix: str, tag: str, quick: bool) -> dict[str, 
     poller = asyncio.create_task(_poll_running(server.url, stop, samples))
     try:
         stats = await bench.run_level(config, CLIENTS, len(questions), questions,
-                                      ProgressBar(f"{server.name} real client"))
+                                      ProgressBar(f"{server.name} real client"),
+                                      time_budget_s=QUICK_BUDGET_S if quick else BUDGET_S)
     finally:
         stop.set()
         await poller

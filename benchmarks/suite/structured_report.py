@@ -172,16 +172,18 @@ def real_client_markdown(results: dict[str, Any]) -> str:
         lines += [f"**{meta['peer_note']}**", ""]
     lines += [f"{meta['requests']} distinct questions after a {meta['prefix_tokens']}-token system prompt, "
               f"{meta['clients']} clients (closed loop), temperature {meta.get('temperature', 0)}"
-              f"{' with seed ' + str(meta['seed']) if meta.get('seed') is not None else ''}, no `max_tokens`.", "",
-              "| server | requests | errors | tokens/answer (mean) | aggregate tok/s | TTFT p50 ms | TTFT p95 ms "
+              f"{' with seed ' + str(meta['seed']) if meta.get('seed') is not None else ''}, no `max_tokens`, "
+              f"a time budget of {fmt(meta.get('budget_s'), 1, 0)} s per server (answers still running then are "
+              "cut; their tokens so far count).", "",
+              "| server | requests | cut at the budget | errors | tokens/answer (mean) | aggregate tok/s | TTFT p50 ms | TTFT p95 ms "
               "| stream tok/s (median) | running at once (max) | running (mean while busy) | other CPU use |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for server in (OURS, PEER):
         level = results.get(server)
         if not level:
             continue
         lines.append(
-            f"| {server} | {level['requests']} | {level['errors']} | {fmt(_tokens_per_request(level), 1, 0)} | "
+            f"| {server} | {level['requests']} | {level.get('cut_at_budget', 0)} | {level['errors']} | {fmt(_tokens_per_request(level), 1, 0)} | "
             f"{fmt(level[AGGREGATE])} | {fmt(level['ttft_median_s'], 1000, 0)} | {fmt(level['ttft_p95_s'], 1000, 0)} | "
             f"{fmt(level['stream_tokens_per_s_median'])} | {fmt(level['running_max'], 1, 0)} | "
             f"{fmt(level['running_mean_while_busy'])} | {pct(level.get('neighbour_cpu'))} |")

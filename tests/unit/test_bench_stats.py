@@ -158,6 +158,30 @@ def test_a_stream_is_read_event_by_event_and_comments_are_ignored() -> None:
     assert len(result.content_times) == 2 and result.usage_tokens == 2
 
 
+def test_a_stream_still_open_at_the_deadline_is_closed_and_counted_as_cut() -> None:
+    closed = []
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            yield f"data: {content_data('a')}\n\ndata: {content_data('b')}\n\n".encode()
+            await asyncio.Event().wait()  # an answer that never ends
+        finally:
+            closed.append(True)
+
+    async def run() -> StreamResult:
+        transport = httpx.MockTransport(lambda request: httpx.Response(
+            200, headers={"content-type": "text/event-stream"}, content=body()))
+        async with httpx.AsyncClient(transport=transport) as client:
+            loop = asyncio.get_running_loop()
+            return await stream_chat(client, BenchConfig("http://bench.test"), "hi", deadline=loop.time() + 0.2)
+
+    result = asyncio.run(run())
+    assert result.ok and result.cut and closed == [True]
+    assert result.completion_tokens == 2
+    level = summarize_level(1, [result, stream(0.0, [1.0, 2.0], usage=2)], 3.0)
+    assert level.cut_at_budget == 1 and level.completion_tokens == 4 and level.usage_reported
+
+
 def test_refusals_and_replies_that_are_not_streams_are_recorded_errors() -> None:
     assert read_stream(b"busy", status=503, content_type="text/plain").error == "HTTP 503: busy"
     assert (read_stream(b"{}", content_type="application/json").error or "").startswith("SSEError")

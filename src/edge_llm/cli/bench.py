@@ -147,8 +147,10 @@ def new_client(config: BenchConfig, concurrency: int) -> httpx.AsyncClient:
                              headers=config.headers())
 
 
-async def stream_chat(client: httpx.AsyncClient, config: BenchConfig, prompt: str) -> StreamResult:
-    """One streamed chat completion, measured; errors are recorded, never raised."""
+async def stream_chat(client: httpx.AsyncClient, config: BenchConfig, prompt: str,
+                      deadline: float | None = None) -> StreamResult:
+    """One streamed chat completion, measured; errors are recorded, never raised. At `deadline` (monotonic)
+    the stream is closed (the server sees a disconnect) and the result is marked `cut`."""
     recorder = StreamRecorder(time.monotonic())
     try:
         async with client.stream("POST", chat_url(config.base_url), json=config.body(prompt)) as response:
@@ -156,11 +158,26 @@ async def stream_chat(client: httpx.AsyncClient, config: BenchConfig, prompt: st
                 body = (await response.aread()).decode("utf-8", errors="replace")
                 recorder.result.error = f"HTTP {response.status_code}: {body[:200]}"
             else:
-                async for event in EventSource(response).aiter_sse():
-                    recorder.feed_data(event.data, time.monotonic())
+                await _read_events(response, recorder, deadline)
     except httpx.HTTPError as exc:  # httpx_sse.SSEError (not an event stream) is one too
         recorder.result.error = f"{type(exc).__name__}: {exc}"
     return recorder.finish(time.monotonic())
+
+
+async def _read_events(response: httpx.Response, recorder: StreamRecorder, deadline: float | None) -> None:
+    events = EventSource(response).aiter_sse()
+    while True:
+        remaining = None if deadline is None else deadline - time.monotonic()
+        try:
+            if remaining is not None and remaining <= 0:
+                raise asyncio.TimeoutError
+            event = await asyncio.wait_for(anext(events), remaining)
+        except StopAsyncIteration:
+            return
+        except asyncio.TimeoutError:
+            recorder.result.cut = True
+            return
+        recorder.feed_data(event.data, time.monotonic())
 
 
 def request_prompt(prompts: Sequence[str], index: int, tag: str | None) -> str:
@@ -181,14 +198,20 @@ async def run_level(
     prompts: Sequence[str],
     progress: ProgressCallback | None = None,
     tag: str | None = None,
+    time_budget_s: float | None = None,
 ) -> LevelStats:
-    """`concurrency` clients share `n_requests` requests; prompts are used round-robin (see `request_prompt`)."""
+    """`concurrency` clients share `n_requests` requests; prompts are used round-robin (see `request_prompt`).
+    With `time_budget_s`, no request starts after the budget and the streams still open then are closed; their
+    tokens so far count (`LevelStats.cut_at_budget` says how many)."""
     results: list[StreamResult] = []
     next_index = iter(range(n_requests))
+    deadline = None if time_budget_s is None else time.monotonic() + time_budget_s
 
     async def client_loop(client: httpx.AsyncClient) -> None:
         for index in next_index:
-            results.append(await stream_chat(client, config, request_prompt(prompts, index, tag)))
+            if deadline is not None and time.monotonic() >= deadline:
+                return
+            results.append(await stream_chat(client, config, request_prompt(prompts, index, tag), deadline))
             if progress is not None:
                 progress(len(results), n_requests)
 

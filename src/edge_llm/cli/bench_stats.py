@@ -22,6 +22,7 @@ class StreamResult:
     usage_tokens: int | None = None
     server_decode_s: float | None = None  # the decode time the server reported (its last chunk's `timings`)
     error: str | None = None
+    cut: bool = False  # closed by the client at the level's time budget, before the answer ended
 
     @property
     def ok(self) -> bool:
@@ -72,7 +73,7 @@ class StreamRecorder:
 
     def finish(self, now: float) -> StreamResult:
         self.result.ended = now
-        if self.result.error is None and not self.done:
+        if self.result.error is None and not self.done and not self.result.cut:
             self.result.error = "stream ended without [DONE]"
         return self.result
 
@@ -168,6 +169,7 @@ class LevelStats:
     usage_reported: bool
     error_samples: tuple[str, ...] = ()
     server_decode_tokens_per_s_median: float | None = None
+    cut_at_budget: int = 0  # streams the client closed at the level's time budget (their tokens so far count)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -195,10 +197,11 @@ def summarize_level(concurrency: int, results: Sequence[StreamResult], wall_time
         itl_p95_s=percentile(itls, 95),
         stream_tokens_per_s_median=percentile(speeds, 50),
         stream_tokens_per_s_p5=percentile(speeds, 5),
-        usage_reported=bool(good) and all(r.usage_tokens is not None for r in good),
+        usage_reported=bool(good) and all(r.usage_tokens is not None for r in good if not r.cut),
         error_samples=tuple(sorted({r.error or "" for r in failed}))[:3],
         server_decode_tokens_per_s_median=percentile(
             [s for r in good if (s := server_decode_tokens_per_second(r)) is not None], 50),
+        cut_at_budget=sum(r.cut for r in results),
     )
 
 
