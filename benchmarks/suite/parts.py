@@ -23,7 +23,8 @@ import edge_llm
 from edge_llm.models.fetch import default_model_path
 
 from . import processes
-from .keystrokes import PEER_FLAGS, PEER_PARALLEL, run_keystrokes, workload
+from .keystrokes import PEER_FLAGS as KEYSTROKE_PEER_FLAGS
+from .keystrokes import PEER_PARALLEL, run_keystrokes, workload
 from .keystrokes_report import infill_markdown, keystroke_targets, summarize
 from .kv_types import kv_types_markdown, run_kv_types
 from .load import shared_prefix_text
@@ -32,7 +33,8 @@ from .plan import REPO, RESULTS, THREADS, Plan
 from .prefix_restart import prefix_restart_markdown, run_prefix_restart
 from .real_client import BUDGET_S, CLIENTS, PREFIX_RULES, QUESTIONS, QUICK_BUDGET_S, SEED, TEMPERATURE, run_real_client
 from .run import git_commit
-from .speculative import NGRAM, OFF, PEER_FLAGS, row_costs, run_speculative, speculative_markdown, speculative_targets
+from .speculative import PEER_FLAGS as SPECULATIVE_PEER_FLAGS
+from .speculative import NGRAM, OFF, row_costs, run_speculative, speculative_markdown, speculative_targets
 from .speculative import PEER as SPECULATIVE_PEER
 from .structured import (
     ANSWER_TOKENS,
@@ -144,7 +146,7 @@ def run_infill_part(args: argparse.Namespace, plan: Plan, model: Path, binary: P
         results["targets"] = keystroke_targets(results["summary"])
         write_part(args.out, "infill", results)
 
-    with servers(model, binary, PEER_PARALLEL, PEER_FLAGS) as running:
+    with servers(model, binary, PEER_PARALLEL, KEYSTROKE_PEER_FLAGS) as running:
         checkpoint(run_keystrokes(running, plan, checkpoint))
     return results
 
@@ -153,7 +155,7 @@ def run_speculative_part(args: argparse.Namespace, plan: Plan, model: Path, bina
     """Ours with --speculative off and ngram, and llama-server --spec-type ngram-simple (8 slots), all running; the
     levels go through them one after the other (suite/speculative.py)."""
     results: dict[str, Any] = {"meta": {**metadata(model, plan, binary), "peer_parallel": 8,
-                                        "peer_flags": list(PEER_FLAGS)}}
+                                        "peer_flags": list(SPECULATIVE_PEER_FLAGS)}}
 
     def checkpoint(runs: dict[str, Any]) -> None:
         results["runs"] = runs
@@ -170,7 +172,8 @@ def run_speculative_part(args: argparse.Namespace, plan: Plan, model: Path, bina
                                                          log_name=f"ours-speculative-{mode}.log"))
             found[name] = (running.url, running.process.pid)
         if binary is not None:
-            running = stack.enter_context(processes.llama_server(binary, model, RESULTS, 8, extra_flags=PEER_FLAGS))
+            running = stack.enter_context(
+                processes.llama_server(binary, model, RESULTS, 8, extra_flags=SPECULATIVE_PEER_FLAGS))
             found[SPECULATIVE_PEER] = (running.url, running.process.pid)
         checkpoint(run_speculative(found, plan, checkpoint))
     return results

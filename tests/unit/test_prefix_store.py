@@ -248,6 +248,24 @@ def test_a_save_copies_its_cache_entry_when_idle_and_is_dropped_if_the_entry_lef
     assert disk.store.counts["saved"] == 2
 
 
+def test_one_copy_serves_every_pending_save_its_entry_holds(tmp_path: Path) -> None:
+    """A chat's second answer extends its first: the first's entry is covered by the second's, so one copy of that
+    entry saves both."""
+    runner = FakeRunner()
+    disk = DiskPrefixCache(store(tmp_path), min_new_tokens=64)
+    disk.start()
+    scheduler = Scheduler(n_ctx=4096, batch_size=512, parallel=2, cache_slots=2)
+    finish_one(scheduler, disk, runner, list(prompt(300)), idle=False)
+    (first,) = scheduler.cache.values()
+    finish_one(scheduler, disk, runner, list(first.tokens) + list(range(1000, 1100)), idle=False)
+    assert disk.stats()["pending_saves"] == 2 and len(scheduler.cache) == 1  # the first entry was covered
+    while disk.has_pending_saves:
+        disk.save_one_pending(scheduler, runner)
+    assert len(runner.saved) == 1
+    disk.close()
+    assert disk.store.counts["saved"] == 1
+
+
 def test_no_load_without_room_for_it(tmp_path: Path) -> None:
     runner = FakeRunner()
     disk = DiskPrefixCache(store(tmp_path), min_new_tokens=64)

@@ -349,3 +349,22 @@ def test_older_cache_entries_sharing_a_chunk_are_evicted_so_that_it_can_move() -
     d.check_coherent()
     d.check_invariants()
     d.run()
+
+
+def test_planning_a_move_changes_nothing_until_it_is_made() -> None:
+    """The entries a move outdates are named by the plan and evicted only when the head takes the entry over (so a
+    head that then waits, or is admitted otherwise, loses nothing)."""
+    d = make(n_ctx=600, batch_size=64, parallel=2, cache_slots=3)
+    base = FILE_HEAD + [7, 8] + FILE_TAIL + [9]
+    d.s.add("older", base, 2, reuse_min=16)
+    d.run()
+    d.s.add("newer", base + [5, 6], 2, reuse_min=16)
+    d.run()
+    edited = FILE_HEAD + [7, 8, 60, 61] + FILE_TAIL + [9]
+    head = Sequence("after", edited, 2, feed=edited, reuse_min=16)
+    cache, used = dict(d.s.cache), d.s.ledger.used
+    match = d.s._best_prefix(head.feed)
+    move = d.s._movable_chunk(head, match)
+    assert move is not None and (move.old_start, move.start) == (42, 44)
+    assert len(cache) == 2 and move.outdated == set(cache) - {match[0].seq_id}  # the older keystroke's entry
+    assert dict(d.s.cache) == cache and d.s.ledger.used == used and d.s.evictions["moved_chunk"] == 0

@@ -100,10 +100,11 @@ def test_the_running_gauge_is_read_from_either_server() -> None:
 
 def test_the_real_client_markdown() -> None:
     row = {**level(20, 60, tokens=128, requests=16), "ttft_median_s": 0.5, "ttft_p95_s": 1.5, "running_max": 8.0,
-           "running_mean_while_busy": 6.5}
-    meta = {**results()["meta"], "clients": 8, "requests": 16, "prefix_tokens": 1003}
+           "running_mean_while_busy": 6.5, "cut_at_budget": 2}
+    meta = {**results()["meta"], "clients": 8, "requests": 16, "prefix_tokens": 1003, "budget_s": 360.0}
     text = sr.real_client_markdown({"meta": meta, "ours": row, "llama-server": {**row, "aggregate_tokens_per_s": 30}})
-    assert "| ours | 16 | 0 | 128 | 60.0 | 500 | 1500 |" in text and "aggregate tok/s 2.000" in text
+    assert "| ours | 16 | 2 | 0 | 128 | 60.0 | 500 | 1500 |" in text and "aggregate tok/s 2.000" in text
+    assert "a time budget of 360 s per server" in text
 
 
 def test_the_entry_point_offers_the_parts_alone() -> None:

@@ -21,14 +21,9 @@ from edge_llm import __version__
 from edge_llm.api.errors import register_error_handlers
 from edge_llm.api.lifecycle import Lifecycle
 from edge_llm.api.middleware import BodySizeLimit, HeaderLimit, RequestContext, ShutdownGate
-from edge_llm.api.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    DetokenizeRequest,
-    ModelLoadRequest,
-    SimplePromptRequest,
-    TokenizeRequest,
-)
+from edge_llm.api.protocol import ChatCompletionRequest, CompletionRequest, SimplePromptRequest
+from edge_llm.api.protocol_models import ModelLoadRequest
+from edge_llm.api.protocol_tokenization import DetokenizeRequest, TokenizeRequest
 from edge_llm.api.protocol_llama import InfillRequest
 from edge_llm.api.protocol_responses import ResponsesRequest
 from edge_llm.api.protocol_embeddings import EmbeddingsRequest

@@ -7,7 +7,9 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from edge_llm.api.protocol_base import StrictModel
 
 from edge_llm.api.protocol_llama import LlamaServerFields
 from edge_llm.engine.types import SamplingParams
@@ -36,11 +38,7 @@ class SamplingDefaults(BaseModel):
     max_tokens: int
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class SimplePromptRequest(_Strict):
+class SimplePromptRequest(StrictModel):
     """The minimal body: `{"prompt", "temperature", "top_p", "max_tokens"}`; answered as plain-text SSE."""
 
     prompt: str = Field(min_length=1)
@@ -69,23 +67,23 @@ class SimplePromptRequest(_Strict):
         return self.max_tokens or defaults.max_tokens
 
 
-class TextContentPart(_Strict):
+class TextContentPart(StrictModel):
     type: Literal["text"]
     text: str
 
 
-class FunctionCall(_Strict):
+class FunctionCall(StrictModel):
     name: str
     arguments: str
 
 
-class ToolCall(_Strict):
+class ToolCall(StrictModel):
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class ChatMessage(_Strict):
+class ChatMessage(StrictModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextContentPart] | None = None
     name: str | None = None
@@ -130,18 +128,18 @@ def _json_or_text(arguments: str) -> Any:
         return arguments
 
 
-class StreamOptions(_Strict):
+class StreamOptions(StrictModel):
     include_usage: bool = False
 
 
-class JsonSchemaFormat(_Strict):
+class JsonSchemaFormat(StrictModel):
     name: str = Field(max_length=64)
     description: str | None = None
     schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(_Strict):
+class ResponseFormat(StrictModel):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
@@ -152,23 +150,23 @@ class ResponseFormat(_Strict):
         return self
 
 
-class FunctionDefinition(_Strict):
+class FunctionDefinition(StrictModel):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     description: str | None = None
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
     strict: bool | None = None
 
 
-class ToolDefinition(_Strict):
+class ToolDefinition(StrictModel):
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class NamedFunction(_Strict):
+class NamedFunction(StrictModel):
     name: str
 
 
-class NamedToolChoice(_Strict):
+class NamedToolChoice(StrictModel):
     type: Literal["function"]
     function: NamedFunction
 
@@ -187,7 +185,7 @@ def check_logit_bias(value: LogitBias | None) -> LogitBias | None:
     return value
 
 
-class _GenerationFields(_Strict, LlamaServerFields):
+class _GenerationFields(StrictModel, LlamaServerFields):
     """What chat and text completions share (llama-server's native fields included)."""
 
     model: str | None = None
@@ -342,25 +340,6 @@ class CompletionRequest(_GenerationFields):
         return self.logprobs if self.logprobs is not None else self.n_probs
 
 
-class TokenizeRequest(_Strict):
-    model: str | None = None
-    content: str
-    add_special: bool = False
-    parse_special: bool = True
-
-
-class ModelLoadRequest(_Strict):
-    """POST /models/load and /models/unload."""
-
-    model: str = Field(min_length=1)
-    keep_alive: str | float | None = None  # Ollama's: "5m", seconds, 0, -1 (load only)
-
-
-class DetokenizeRequest(_Strict):
-    model: str | None = None
-    tokens: list[int]
-
-
 # ---- responses -----------------------------------------------------------------------------
 
 
@@ -450,18 +429,3 @@ class ChatCompletionChunk(BaseModel):
     choices: list[ChunkChoice]
     usage: UsageInfo | None = None
     timings: Timings | None = None
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int
-    owned_by: str = "edge-llm"
-    state: Literal["loaded", "loading", "unloaded", "unloading"] | None = None  # the model's engine
-    aliases: list[str] = Field(default_factory=list)  # other names a request may use for it
-    meta: dict[str, Any] | None = None
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]

@@ -13,7 +13,9 @@ import json
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from edge_llm.api.protocol_base import StrictModel
 
 from edge_llm.api.protocol import SamplingDefaults
 from edge_llm.engine.types import FinishReason, Finished, SamplingParams
@@ -22,21 +24,17 @@ MAX_STOP_SEQUENCES = 16
 MAX_TOOLS = 128
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
 # ---- content blocks --------------------------------------------------------------------------
 
 
-class AnthropicTextBlock(_Strict):
+class AnthropicTextBlock(StrictModel):
     type: Literal["text"]
     text: str
     cache_control: dict[str, Any] | None = None  # ignored
     citations: list[dict[str, Any]] | None = None  # ignored
 
 
-class AnthropicToolUseBlock(_Strict):
+class AnthropicToolUseBlock(StrictModel):
     type: Literal["tool_use"]
     id: str = Field(min_length=1)
     name: str = Field(min_length=1)
@@ -44,7 +42,7 @@ class AnthropicToolUseBlock(_Strict):
     cache_control: dict[str, Any] | None = None
 
 
-class AnthropicToolResultBlock(_Strict):
+class AnthropicToolResultBlock(StrictModel):
     type: Literal["tool_result"]
     tool_use_id: str = Field(min_length=1)
     content: str | list[AnthropicTextBlock] = ""
@@ -60,7 +58,7 @@ AnthropicContentBlock = Annotated[AnthropicTextBlock | AnthropicToolUseBlock | A
                                   Field(discriminator="type")]
 
 
-class AnthropicMessage(_Strict):
+class AnthropicMessage(StrictModel):
     role: Literal["user", "assistant"]
     content: str | list[AnthropicContentBlock]
 
@@ -105,7 +103,7 @@ class AnthropicMessage(_Strict):
 # ---- tools -----------------------------------------------------------------------------------
 
 
-class AnthropicTool(_Strict):
+class AnthropicTool(StrictModel):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     description: str | None = None
     input_schema: dict[str, Any]
@@ -119,7 +117,7 @@ class AnthropicTool(_Strict):
         return {"type": "function", "function": function}
 
 
-class AnthropicToolChoice(_Strict):
+class AnthropicToolChoice(StrictModel):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: bool | None = None  # one call per answer is all the grammar makes anyway
@@ -131,12 +129,12 @@ class AnthropicToolChoice(_Strict):
         return self
 
 
-class AnthropicJsonFormat(_Strict):
+class AnthropicJsonFormat(StrictModel):
     type: Literal["json_schema"]
     schema_: dict[str, Any] = Field(alias="schema")
 
 
-class AnthropicOutputConfig(_Strict):
+class AnthropicOutputConfig(StrictModel):
     format: AnthropicJsonFormat | None = None  # structured output: the answer follows the schema (a grammar)
     effort: str | None = None  # ignored
 
@@ -144,7 +142,7 @@ class AnthropicOutputConfig(_Strict):
 # ---- requests --------------------------------------------------------------------------------
 
 
-class CountTokensRequest(_Strict):
+class CountTokensRequest(StrictModel):
     """What makes the prompt: the body of /v1/messages/count_tokens, and the first half of /v1/messages."""
 
     model: str

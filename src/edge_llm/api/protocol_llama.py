@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, Field, field_validator
+
+from edge_llm.api.protocol_base import StrictModel
 
 from edge_llm.engine.types import SamplingParams
 
@@ -34,16 +36,12 @@ class LlamaServerFields(BaseModel):
         return self.n_predict if self.n_predict is not None and self.n_predict > 0 else None
 
 
-class ExtraChunk(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ExtraChunk(StrictModel):
     text: str
     filename: str = Field("tmp", max_length=1024)
 
 
-class InfillRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class InfillRequest(StrictModel):
     model: str | None = None
     input_prefix: str
     input_suffix: str

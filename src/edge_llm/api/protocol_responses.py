@@ -11,13 +11,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
+from edge_llm.api.protocol_base import StrictModel
+
 from edge_llm.api.protocol import ChatMessage, FunctionCall, ToolCall
 
 TEXT_PART_TYPES = ("input_text", "output_text", "text")
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class _Item(BaseModel):
@@ -116,12 +114,12 @@ class ResponsesTool(BaseModel):
                 "parameters": self.parameters, "strict": self.strict}
 
 
-class FunctionToolChoice(_Strict):
+class FunctionToolChoice(StrictModel):
     type: Literal["function"]
     name: str
 
 
-class TextFormat(_Strict):
+class TextFormat(StrictModel):
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = Field(None, max_length=64)
     description: str | None = None
@@ -146,12 +144,12 @@ class TextFormat(_Strict):
         return self.model_dump(by_alias=True, exclude_none=True)
 
 
-class TextConfig(_Strict):
+class TextConfig(StrictModel):
     format: TextFormat | None = None
     verbosity: Literal["low", "medium", "high"] | None = None  # accepted, ignored
 
 
-class ResponsesRequest(_Strict):
+class ResponsesRequest(StrictModel):
     model: str | None = None
     input: Annotated[Annotated[str, Tag("text")] | Annotated[list[InputItem], Tag("items")],
                      Discriminator(lambda value: "text" if isinstance(value, str) else "items")]

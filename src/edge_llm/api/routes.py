@@ -8,14 +8,8 @@ from typing import Any, cast
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from edge_llm.api.protocol import (
-    ChatCompletion,
-    ChatCompletionRequest,
-    Completion,
-    ErrorResponse,
-    ModelCard,
-    ModelList,
-)
+from edge_llm.api.protocol import ChatCompletion, ChatCompletionRequest, Completion, ErrorResponse
+from edge_llm.api.protocol_models import ModelCard, ModelList
 from edge_llm.api.protocol_embeddings import EmbeddingsResponse
 from edge_llm.api.model_routing import with_model
 from edge_llm.api.serving import (

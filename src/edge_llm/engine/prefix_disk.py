@@ -170,6 +170,8 @@ class DiskPrefixCache:
         with self._lock:
             self._queued.append(entry.tokens)
         self._jobs.put((entry.tokens, state))
+        # Pending saves this entry holds too (an earlier, shorter answer in the same chat) are in this copy.
+        self._pending = [other for other in self._pending if entry.tokens[:len(other)] != other]
 
     # ---- the writer thread ----------------------------------------------------------------------------
 

@@ -21,10 +21,11 @@ from collections import OrderedDict, deque
 
 from edge_llm.engine.kv_ledger import KvLedger
 from edge_llm.engine.scheduler_entries import OutsideEntries
-from edge_llm.engine.step_plan import KvCopy, KvOp, KvRemove, KvShift, KvTrim, StepPlan
-from edge_llm.engine.sequence import CacheEntry, MovedChunk, Phase, Sequence
+from edge_llm.engine.scheduler_moves import ChunkMove, ChunkMoves
+from edge_llm.engine.step_plan import KvCopy, KvOp, KvRemove, KvTrim, StepPlan
+from edge_llm.engine.sequence import CacheEntry, Phase, Sequence
 from edge_llm.engine.speculation import ROW_COST, Speculation, SpeculationStats, lay_out_drafts, row_cost_at
-from edge_llm.engine.token_match import common_prefix_length, moved_chunk
+from edge_llm.engine.token_match import common_prefix_length
 
 MAX_PREEMPTIONS = 3
 # A preempted sequence comes back only when every running sequence can then grow this many more tokens:
@@ -39,7 +40,7 @@ class RequestTooLargeError(ValueError):
     pass
 
 
-class Scheduler(OutsideEntries):
+class Scheduler(OutsideEntries, ChunkMoves):
     def __init__(self, *, n_ctx: int, batch_size: int, parallel: int, cache_slots: int,
                  max_preemptions: int = MAX_PREEMPTIONS, draft_row_cost: float = ROW_COST) -> None:
         if batch_size < parallel:
@@ -307,23 +308,24 @@ class Scheduler(OutsideEntries):
         return sum(len(s.feed) - max(s.n_past, s.shared) - (s.moved.length if s.moved else 0) for s in self.running
                    if s.phase is Phase.PREFILL and not self.pinned(s))  # (a pinned one's is in its growth)
 
-    def _make_room(self, head: Sequence, protect: tuple[CacheEntry, int] | None,
-                   moved: tuple[int, int, int] | None) -> bool:
+    def _make_room(self, head: Sequence, protect: tuple[CacheEntry, int] | None, move: ChunkMove | None) -> bool:
         """Evicts least-recently-used cache entries until `head` fits and a sequence id is free. When `head` will
-        take the protected entry over with a moved chunk, the entry counts as its prefix and the chunk."""
+        take the protected entry over with a moved chunk, the entry counts as its prefix and the chunk, and the
+        entries the move outdates as gone."""
         protected = protect[0].seq_id if protect else None
         lead = self._best_running_prefix(head)
         shared = max(protect[1] if protect else 0, lead[1] if lead else 0)
         truncated: dict[int, int] = {}
-        chunk = 0
-        if protect is not None and moved is not None:
-            chunk = moved[2]
+        chunk, outdated = 0, set()
+        if protect is not None and move is not None:
+            chunk, outdated = move.length, set(move.outdated)
             shared, truncated = protect[1] + chunk, {protect[0].seq_id: protect[1]}
         needed = self._admission_cells(head, shared) + chunk
         evictable = {seq_id for seq_id in self.cache if seq_id != protected}
         if self.ledger.used_without(evictable, truncated) + needed > self.n_ctx:
             return False  # only running sequences finishing can make room: evicting the cache would not help
-        while self.ledger.used_without(set(), truncated) + needed > self.n_ctx or not self._free_seq_ids:
+        while (self.ledger.used_without(outdated & set(self.cache), truncated) + needed > self.n_ctx
+               or not self._free_seq_ids and not outdated & set(self.cache)):
             victim = next((seq_id for seq_id in self.cache if seq_id != protected), None)
             if victim is None:
                 return False
@@ -349,67 +351,6 @@ class Scheduler(OutsideEntries):
             if length >= MIN_SHARED_PREFIX and (best is None or length > best[1]):
                 best = (sequence, length)
         return best
-
-    def _movable_chunk(self, head: Sequence, match: tuple[CacheEntry, int] | None) -> tuple[int, int, int] | None:
-        """--cache-reuse: (old start, new start, length) of a chunk of the matched entry's tokens after their common
-        prefix that reappears in the rest of `head`'s feed (a keystroke's edit, then the unchanged rest of the
-        file), when it is long enough and no running sequence shares its cells; None otherwise."""
-        if match is None or head.reuse_min <= 0 or head.preemptions:
-            return None
-        entry, length = match
-        lead = self._best_running_prefix(head)
-        if lead is not None and lead[1] > length:
-            return None  # a running sequence shares more: head follows it instead
-        found = moved_chunk(entry.tokens, head.feed, length, len(head.feed) - 1, head.reuse_min)
-        if found is None:
-            return None
-        others = self.ledger.other_holders_from(entry.seq_id, found[0])
-        if not others <= set(self.cache):
-            return None  # a running sequence shares the chunk's cells: they cannot move under it
-        for seq_id in others:  # older entries of the same file (earlier keystrokes): moving the chunk outdates them
-            self._evict(seq_id, "moved_chunk")
-        return found
-
-    def _take_over_with_moved_chunk(self, head: Sequence, entry: CacheEntry, length: int,
-                                    found: tuple[int, int, int]) -> None:
-        """`head` takes the entry's sequence over: it keeps the prefix, a spare sequence holds the chunk while the
-        edit before it is computed, and then the chunk is moved to its new positions (_reach_moved_chunk)."""
-        old_start, start, chunk = found
-        del self.cache[entry.seq_id]
-        head.seq_id = entry.seq_id
-        holder = self._free_seq_ids.pop(0)
-        self._pending_ops += [KvCopy(entry.seq_id, holder, start=old_start, end=old_start + chunk),
-                              KvTrim(entry.seq_id, length)]
-        self.ledger.truncate(entry.seq_id, length)
-        self.ledger.grow(holder, chunk)
-        head.kv_tokens = list(head.feed[:length])
-        head.n_past = length
-        head.cached_tokens = length + chunk
-        head.moved = MovedChunk(holder, old_start, start, chunk)
-        self._reach_moved_chunk(head, self._pending_ops)
-
-    def _reach_moved_chunk(self, sequence: Sequence, ops: list[KvOp]) -> None:
-        """Once the prefill reaches a moved chunk's new start, the chunk moves there (`ops`: before the next decode,
-        or after this step's when the step's batch holds the tokens before it) and counts as computed."""
-        moved = sequence.moved
-        if moved is None or sequence.n_past != moved.start:
-            return
-        end = moved.start + moved.length
-        if moved.start != moved.old_start:
-            ops.append(KvShift(moved.holder, moved.old_start, moved.old_start + moved.length,
-                               moved.start - moved.old_start))
-        ops.append(KvCopy(moved.holder, sequence.seq_id, start=moved.start, end=end))
-        ops.append(KvRemove(moved.holder))
-        self._release_seq_id(moved.holder, queue_removal=False)
-        self.ledger.grow(sequence.seq_id, moved.length)
-        sequence.kv_tokens.extend(sequence.feed[moved.start:end])
-        sequence.n_past = end
-        sequence.moved = None
-
-    def _drop_moved_chunk(self, sequence: Sequence) -> None:
-        if sequence.moved is not None:
-            self._release_seq_id(sequence.moved.holder)
-            sequence.moved = None
 
     def _queue_copy(self, src_seq: int, dst: Sequence, length: int) -> None:
         self._pending_ops.append(KvCopy(src_seq, dst.seq_id, length))

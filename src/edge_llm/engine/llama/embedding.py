@@ -15,7 +15,7 @@ import logging
 import llama_cpp
 import numpy as np
 
-from edge_llm.engine.embeddings import EMBEDDING_BATCH, EMBEDDING_MAX_TOKENS
+from edge_llm.engine.embeddings import EMBEDDING_BATCH
 from edge_llm.engine.types import EmbeddingUnavailableError
 
 logger = logging.getLogger(__name__)

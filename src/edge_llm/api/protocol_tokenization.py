@@ -1,0 +1,17 @@
+"""The bodies of /tokenize and /detokenize (llama-server's shapes). Errors use the server's one error envelope."""
+
+from __future__ import annotations
+
+from edge_llm.api.protocol_base import StrictModel
+
+
+class TokenizeRequest(StrictModel):
+    model: str | None = None
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+
+
+class DetokenizeRequest(StrictModel):
+    model: str | None = None
+    tokens: list[int]
