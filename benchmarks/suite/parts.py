@@ -31,7 +31,8 @@ from .load import shared_prefix_text
 from .measure import wait_for_quiet
 from .plan import REPO, RESULTS, THREADS, Plan
 from .prefix_restart import prefix_restart_markdown, run_prefix_restart
-from .real_client import BUDGET_S, CLIENTS, PREFIX_RULES, QUESTIONS, QUICK_BUDGET_S, SEED, TEMPERATURE, run_real_client
+from .real_client import (BUDGET_S, CLIENTS, PREFIX_RULES, QUESTIONS, QUICK_BUDGET_S, ROOMY_PEER, ROOMY_PEER_CTX, SEED,
+                          TEMPERATURE, run_real_client)
 from .run import git_commit
 from .speculative import PEER_FLAGS as SPECULATIVE_PEER_FLAGS
 from .speculative import NGRAM, OFF, row_costs, run_speculative, speculative_markdown, speculative_targets
@@ -131,6 +132,11 @@ def run_real_client_part(args: argparse.Namespace, plan: Plan, model: Path, bina
     with servers(model, binary, CLIENTS) as running:
         results["meta"]["prefix_tokens"] = prefix_tokens(running[0].url, shared_prefix_text(PREFIX_RULES))
         results.update(run_real_client(running, plan))
+    if binary is not None:  # its slots share no prefix cells: the same load with four times the cells
+        with processes.llama_server(binary, model, RESULTS, CLIENTS, ctx=ROOMY_PEER_CTX,
+                                    log_name="llama-server-roomy.log") as running:
+            results.update(run_real_client([Server(ROOMY_PEER, running.url, running.process.pid)], plan))
+        results["meta"]["roomy_peer_ctx"] = ROOMY_PEER_CTX
     return results
 
 

@@ -48,15 +48,15 @@ def find_llama_server(explicit: Path | None = None) -> Path | None:
 
 @contextmanager
 def llama_server(binary: Path, model: Path, log_dir: Path, parallel: int, ctx: int = 8192,
-                 extra_flags: Sequence[str] = ()) -> Iterator[RunningServer]:
+                 extra_flags: Sequence[str] = (), log_name: str = "llama-server.log") -> Iterator[RunningServer]:
     """llama.cpp's llama-server on the same model and threads: `parallel` slots sharing one unified KV cache of
     `ctx` cells (as ours), Prometheus metrics on, and `extra_flags` (e.g. `--cache-reuse 256`), logging to
-    log_dir/llama-server.log."""
+    log_dir/`log_name`."""
     port = free_port()
     command = [str(binary), "--model", str(model), "--threads", str(THREADS), "--threads-batch", str(THREADS),
                "--parallel", str(parallel), "--ctx-size", str(ctx), "--kv-unified", "--metrics", "--jinja",
                *extra_flags, "--host", "127.0.0.1", "--port", str(port)]
-    with run_process(command, f"http://127.0.0.1:{port}", log_dir / "llama-server.log", ready_path="/health",
+    with run_process(command, f"http://127.0.0.1:{port}", log_dir / log_name, ready_path="/health",
                      cwd=REPO, startup_timeout=STARTUP_TIMEOUT_S) as server:
         wait_until_serving(server.url)
         yield server

@@ -5,6 +5,7 @@ in the chain and a logit_bias."""
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Iterator
 
 import llama_cpp
@@ -93,3 +94,25 @@ def test_the_lazy_grammar_check_picks_what_grammar_first_picks(runner: LlamaRunn
         lazy.close()
         llama_cpp.llama_sampler_free(reference)
     assert len(picked) >= 8, runner.detokenize(picked)
+
+
+def test_json_grammars_let_the_model_indent_as_llama_server_does(runner: LlamaRunner) -> None:
+    """The JSON grammars take llama.cpp's whitespace rule (a line break and indentation between tokens), not only
+    one optional space: an indented answer, the way this model writes JSON, is allowed token by token, and the end
+    is reached."""
+    grammar = llama_cpp.llama_sampler_init_grammar(llama_cpp.llama_model_get_vocab(runner._model),  # noqa: SLF001
+                                                   json_schema_to_grammar(SCHEMAS["person"]).encode(), b"root")
+    one = (llama_cpp.llama_token_data * 1)()
+    array = llama_cpp.llama_token_data_array(data=one, size=1, selected=-1, sorted=False)
+    end = llama_cpp.llama_vocab_eos(llama_cpp.llama_model_get_vocab(runner._model))  # noqa: SLF001
+    # (no space after an enum value, in llama.cpp's converter as in llama-cpp-python's)
+    text = '{\n  "name": "Ada",\n  "age": 36,\n  "tags": [\n    "a",\n    "c"]\n}'
+    try:
+        for token in runner.tokenize(text, add_special=False, parse_special=False) + [end]:
+            one[0].id, one[0].logit, array.size = token, 1.0, 1
+            llama_cpp.llama_sampler_apply(grammar, ctypes.pointer(array))
+            assert one[0].logit != float("-inf"), f"the grammar refused {runner.detokenize([token])!r}"
+            if token != end:
+                llama_cpp.llama_sampler_accept(grammar, token)
+    finally:
+        llama_cpp.llama_sampler_free(grammar)

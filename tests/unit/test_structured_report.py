@@ -45,6 +45,8 @@ def test_workload_bodies() -> None:
     assert structured.workload_body("plain") == {"ignore_eos": True}
     assert structured.workload_body("json_schema")["response_format"]["json_schema"]["schema"] is structured.TEAM_SCHEMA
     assert structured.workload_body("tool_call")["tool_choice"] == "required"
+    assert structured.workload_body("plain_tools") == {"ignore_eos": True, "tools": [structured.TEAM_TOOL],
+                                                       "tool_choice": "auto"}
     with pytest.raises(ValueError):
         structured.workload_body("nope")
     assert structured.fresh_schema("a") != structured.fresh_schema("b")
@@ -57,6 +59,18 @@ def test_ratios_pair_each_repeat_with_the_one_measured_next_to_it() -> None:
     assert one["ours_vs_peer_decode"] == pytest.approx((38 / 40 + 42 / 40) / 2)
     assert rows[(4, "json_schema")]["ours_vs_plain_aggregate"] == pytest.approx((72 / 80 + 80 / 84) / 2)
     assert rows[(1, "plain")]["ours_vs_plain_decode"] == 1.0
+
+
+def test_a_tool_call_is_compared_with_its_own_prompt_answered_without_a_grammar() -> None:
+    data = results()
+    data["runs"]["ours"]["plain_tools"] = {"1": [level(36, 30), level(36, 30)]}
+    data["runs"]["ours"]["tool_call"] = {"1": [level(35, 29), level(36, 30)]}
+    rows = {(r["clients"], r["workload"]): r for r in sr.structured_rows(data)}
+    assert rows[(1, "tool_call")]["plain"] == "plain_tools"
+    assert rows[(1, "tool_call")]["ours_vs_plain_decode"] == pytest.approx((35 / 36 + 1) / 2)
+    assert rows[(1, "plain_tools")]["ours_vs_plain_decode"] == pytest.approx((36 / 40 + 36 / 42) / 2)
+    checks = {c["check"] for c in sr.structured_targets(data)}
+    assert "ours 1 client tool_call decode tok/s / ours plain_tools" in checks
 
 
 def test_decode_rate_falls_back_to_the_client_stream_timing() -> None:

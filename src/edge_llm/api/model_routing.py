@@ -19,7 +19,8 @@ from starlette.types import Receive, Scope, Send
 
 from edge_llm.api.errors import APIError
 from edge_llm.api.serving import Serving, build_serving
-from edge_llm.api.serving.base import json_object, load_wait_ms
+from edge_llm.api.serving.base import load_wait_ms
+from edge_llm.api.serving.body import json_object
 from edge_llm.config import Settings
 from edge_llm.logs import bind_model, current_request_id, unbind_model
 from edge_llm.registry.keep_alive import parse_keep_alive

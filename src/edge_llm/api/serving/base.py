@@ -8,9 +8,7 @@ the usage and response helpers at the end are the OpenAI shapes that chat and co
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import re
 import time
 from contextvars import ContextVar
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -24,6 +22,7 @@ from edge_llm.api.errors import APIError, from_engine_error, from_pydantic, inva
 from edge_llm.api.limits import cap_max_tokens, check_prompt_tokens
 from edge_llm.api.params import drop_unknown
 from edge_llm.api.protocol_llama import LlamaServerFields
+from edge_llm.api.serving.body import json_object
 from edge_llm.api.protocol import ErrorResponse, PromptTokensDetails, SamplingDefaults, UsageInfo
 from edge_llm.api.sse import DONE, EventStreamResponse, encode_json_event
 from edge_llm.config import Settings
@@ -51,9 +50,6 @@ BodyModel = TypeVar("BodyModel", bound=BaseModel)
 # How long this request waited for its model to load (api/model_routing.py sets it): `timings.load_ms`.
 load_wait_ms: ContextVar[float] = ContextVar("edge_llm_load_wait_ms", default=0.0)
 
-# What may decode to a lone surrogate: a \ud800-\udfff escape, or its UTF-8-style bytes (json.loads decodes
-# bytes with "surrogatepass"). A body with either is checked.
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
 
 
 @dataclass
@@ -440,23 +436,3 @@ def engine_unavailable(exc: EngineUnavailableError) -> APIError:
 async def _until_disconnected(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-def json_object(raw: bytes) -> dict[str, Any]:
-    """A request body as a JSON object, or the 400 that says why it is not one."""
-    try:
-        body = json.loads(raw)
-        # A lone surrogate ("\ud800") decodes to a str that is not Unicode text: it would fail
-        # later, when an answer or an error message quoting it is encoded (a 500). Refused here.
-        if _SURROGATE_ESCAPE.search(raw) or b"\x00" in raw[:4]:  # (a UTF-16/32 body: always checked)
-            json.dumps(body, ensure_ascii=False).encode("utf-8")
-    except RecursionError:
-        raise APIError(400, "The request body is nested too deeply", code="invalid_json") from None
-    except UnicodeEncodeError:
-        raise APIError(400, "The request body contains a lone UTF-16 surrogate (a \\ud800-\\udfff escape "
-                       "without its pair), which is not Unicode text", code="invalid_json") from None
-    except ValueError as exc:  # not JSON, not UTF-8, or an integer of more than 4300 digits
-        raise APIError(400, f"The request body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise APIError(400, "The request body must be a JSON object", code="invalid_json")
-    return body

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from edge_llm.api.errors import from_pydantic
 from edge_llm.api.model_routing import keep_alive_of, unavailable, unknown_model
 from edge_llm.api.protocol_models import ModelCard, ModelList, ModelLoadRequest
-from edge_llm.api.serving.base import json_object
+from edge_llm.api.serving.body import json_object
 from edge_llm.config import Settings
 from edge_llm.registry.keep_alive import describe_keep_alive
 from edge_llm.registry.registry import (

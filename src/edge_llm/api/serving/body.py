@@ -1,0 +1,34 @@
+"""A request body as a JSON object, or the 400 that says why it is not one (every endpoint family reads its body
+with `json_object` before its pydantic model sees it)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from edge_llm.api.errors import APIError
+
+# What may decode to a lone surrogate: a \ud800-\udfff escape, or its UTF-8-style bytes (json.loads decodes
+# bytes with "surrogatepass"). A body with either is checked.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body as a JSON object, or the 400 that says why it is not one."""
+    try:
+        body = json.loads(raw)
+        # A lone surrogate ("\ud800") decodes to a str that is not Unicode text: it would fail
+        # later, when an answer or an error message quoting it is encoded (a 500). Refused here.
+        if _SURROGATE_ESCAPE.search(raw) or b"\x00" in raw[:4]:  # (a UTF-16/32 body: always checked)
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except RecursionError:
+        raise APIError(400, "The request body is nested too deeply", code="invalid_json") from None
+    except UnicodeEncodeError:
+        raise APIError(400, "The request body contains a lone UTF-16 surrogate (a \\ud800-\\udfff escape "
+                       "without its pair), which is not Unicode text", code="invalid_json") from None
+    except ValueError as exc:  # not JSON, not UTF-8, or an integer of more than 4300 digits
+        raise APIError(400, f"The request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "The request body must be a JSON object", code="invalid_json")
+    return body
