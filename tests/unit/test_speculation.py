@@ -15,6 +15,8 @@ from edge_llm.engine.kv_ledger import KvLedger
 from edge_llm.engine.speculation import (
     MAX_DRAFT_ROWS,
     PRIOR_RATE,
+    GATE_ALONE,
+    GATE_BATCHED,
     AcceptanceRate,
     Speculation,
     SpeculationStats,
@@ -93,6 +95,12 @@ def speculation_with_rate(accepted: int, reached: int, ngram: int = 3) -> Specul
     return speculation
 
 
+def speculation_at(rate: float, ngram: int = 3) -> Speculation:
+    speculation = Speculation()
+    speculation.rates[ngram] = AcceptanceRate(accepted=rate * 10, reached=10)
+    return speculation
+
+
 def test_allocation_drafts_long_when_drafts_are_accepted_and_not_at_all_when_they_fail() -> None:
     good = speculation_with_rate(16, 16)
     bad = speculation_with_rate(0, 1)
@@ -104,9 +112,31 @@ def test_allocation_drafts_long_when_drafts_are_accepted_and_not_at_all_when_the
 
 def test_allocation_drafts_less_in_a_fuller_batch() -> None:
     draft = Draft(tuple(range(16)), 3)
-    alone = allocate([(speculation_with_rate(4, 5), draft)], decode_rows=1, room=64, row_cost=0.1)[0]
-    crowded = allocate([(speculation_with_rate(4, 5), draft)], decode_rows=16, room=64, row_cost=0.1)[0]
-    assert alone > crowded
+    alone = allocate([(speculation_at(0.95), draft)], decode_rows=1, room=64, row_cost=0.1)[0]
+    crowded = allocate([(speculation_at(0.95), draft)], decode_rows=16, room=64, row_cost=0.1)[0]
+    assert alone > crowded > 0
+
+
+def test_a_sequence_below_the_gate_does_not_draft_however_cheap_rows_are() -> None:
+    draft = Draft(tuple(range(16)), 3)
+    fair = speculation_at(0.85)  # pays alone, not beside other sequences
+    assert GATE_ALONE <= fair.rate(3) < GATE_BATCHED
+    assert allocate([(fair, draft)], decode_rows=1, room=64, row_cost=0.0)[0] > 0
+    assert allocate([(fair, draft)], decode_rows=4, room=64, row_cost=0.0) == [0]
+    poor = speculation_at(0.6)
+    assert allocate([(poor, draft)], decode_rows=1, room=64, row_cost=0.0) == [0]
+
+
+def test_a_gated_rate_recovers_towards_the_prior_slowly() -> None:
+    rate = AcceptanceRate()
+    assert rate.rate >= GATE_BATCHED  # a new sequence tries
+    rate.update(reached=1, accepted=0)
+    assert rate.rate < GATE_ALONE
+    steps = 0
+    while rate.rate < GATE_BATCHED:
+        rate.recover()
+        steps += 1
+    assert 50 <= steps <= 200 and rate.rate <= PRIOR_RATE
 
 
 def test_allocation_respects_room_and_the_draft_length() -> None:

@@ -4,7 +4,8 @@ A decode step reads all the weights whatever its rows, so on a CPU a few more ro
 time: a draft of k tokens (engine/drafting.py) is verified in the same `llama_decode` as every sequence's next
 token, and the longest prefix the sampler agrees with, plus its own next token, is kept (engine/acceptance.py).
 
-Whether a draft row pays is a cost model. A step of N rows costs about `1 + ROW_COST * N` (in units of its fixed
+A sequence drafts only while its recent acceptance rate is above a gate (higher beside other sequences, where a row's
+cost buys less), and then whether a draft row pays is a cost model. A step of N rows costs about `1 + ROW_COST * N` (in units of its fixed
 cost, the weights read once); a draft token at position j is worth p^j tokens, p being the sequence's recent rate
 of accepted draft positions for a match of that n-gram size. `allocate` adds draft rows across the batch in order of
 their worth while each is worth more than the tokens per cost the step already makes, so a sequence whose drafts
@@ -32,8 +33,8 @@ if TYPE_CHECKING:
 
 # The cost of one more batch row (with its logits) relative to the fixed cost of a decode step, on the default model
 # on 2 cores: 0.41-0.83 measured in process (benchmarks/README.md, speculative decoding). 0.6 kept the gain on code
-# and on prose at one client; free JSON (drafts accepted about half the time) was still 7-16% slower than no
-# drafting in the benchmark, and prose at 4-8 clients 12%, which is why --speculative defaults to off. A constant,
+# and on prose at one client, but alone it let free JSON (drafts accepted about half the time) and prose at 4-8
+# clients draft at a loss of 7-16%: the gates below keep those from drafting. A constant,
 # not measured as the engine runs: the drafts, and so the batches, must follow from the tokens alone, or a request
 # that runs alone would not repeat its answer (docs/architecture.md, Repeatability).
 ROW_COST = 0.6
@@ -43,11 +44,20 @@ MAX_DRAFT = 32  # draft tokens a sequence verifies in one step at most
 MAX_DRAFT_ROWS = 64  # draft tokens in one step at most
 STATS_POSITIONS = MAX_DRAFT
 # Acceptance is estimated per n-gram size with exponential forgetting: the last ~10 verified positions count. A
-# sequence starts from an optimistic prior, high enough that its first draft rides in a batch of up to ~6 sequences
-# at ROW_COST (a rate is learnt only from drafts verified); drafts that fail then bring it under the bar.
+# sequence starts from an optimistic prior, above the gates below (a rate is learnt only from drafts verified); drafts
+# that fail then bring it under them.
 DECAY = 0.9
-PRIOR_RATE = 0.8
+PRIOR_RATE = 0.92
 PRIOR_WEIGHT = 2.0
+# Below these rates a sequence does not draft at all, whatever the cost model says: on a CPU whose decode is compute-
+# bound (2 cores), a draft row costs nearly a token's time, so only sure guesses pay. Measured (benchmarks/results/
+# speculative.md): alone, drafts accepted 88% of the time paid (prose, 1.37x) and 54% did not (free JSON, 0.84x);
+# beside other sequences, 94% paid (code, 4 clients, 1.51x) and 74-83% did not (prose at 4 and 8 clients, 0.88x).
+GATE_ALONE = 0.8
+GATE_BATCHED = 0.9
+# A gated rate drifts back towards the prior by this factor a step, so a sequence tries again after ~90 tokens (its
+# text may have turned into something it can predict, e.g. code after an explanation).
+RECOVERY = 0.97
 
 
 @dataclass
@@ -65,6 +75,16 @@ class AcceptanceRate:
         for position in range(reached):
             self.accepted = self.accepted * DECAY + (1.0 if position < accepted else 0.0)
             self.reached = self.reached * DECAY + 1.0
+
+    def recover(self) -> None:
+        """One step without drafting: the rate moves a little towards the prior (its weight stays)."""
+        prior = PRIOR_RATE * self.reached
+        self.accepted = prior + (self.accepted - prior) * RECOVERY
+
+
+def gate(decode_rows: int) -> float:
+    """The least acceptance rate at which a sequence drafts, in a step of `decode_rows` sequences."""
+    return GATE_ALONE if decode_rows <= 1 else GATE_BATCHED
 
 
 @dataclass
@@ -104,7 +124,8 @@ def allocate(candidates: list[tuple[Speculation, Draft]], decode_rows: int, room
     per unit of cost so far times the row's cost."""
     lengths = [0] * len(candidates)
     rates = [spec.rate(draft.ngram) for spec, draft in candidates]
-    heap = [(-rate, i, 1) for i, rate in enumerate(rates) if candidates[i][1].tokens]
+    least = gate(decode_rows)
+    heap = [(-rate, i, 1) for i, rate in enumerate(rates) if candidates[i][1].tokens and rate >= least]
     heapq.heapify(heap)
     tokens = float(decode_rows)
     cost = 1.0 + row_cost * decode_rows
@@ -146,9 +167,12 @@ def lay_out_drafts(plan: StepPlan, room: int, row_cost: float = ROW_COST) -> lis
     if not candidates:
         return []
     added: list[tuple[Sequence, int]] = []
+    least = gate(len(plan.samples))
     for sequence, (speculation, draft), length in zip(owners, candidates,
                                                     allocate(candidates, len(plan.samples), room, row_cost)):
         if not length:
+            if speculation.rate(draft.ngram) < least:
+                speculation.rates[draft.ngram].recover()
             continue
         speculation.in_flight = draft.tokens[:length]
         speculation.in_flight_ngram = draft.ngram
