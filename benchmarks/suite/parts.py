@@ -40,6 +40,7 @@ from .speculative import PEER as SPECULATIVE_PEER
 from .structured import (
     ANSWER_TOKENS,
     LEVELS,
+    WORKLOADS,
     Server,
     answer_openings,
     compile_costs,
@@ -95,8 +96,12 @@ def servers(model: Path, binary: Path | None, parallel: int, peer_flags: Sequenc
 
 def run_structured(args: argparse.Namespace, plan: Plan, model: Path, binary: Path | None) -> dict[str, Any]:
     levels = tuple(args.clients or (LEVELS[:2] if plan.quick else LEVELS))
+    workloads = tuple(args.workloads or WORKLOADS)
+    if unknown := set(workloads) - set(WORKLOADS):
+        raise SystemExit(f"unknown workloads {sorted(unknown)}; known: {', '.join(WORKLOADS)}")
     results: dict[str, Any] = {"meta": {**metadata(model, plan, binary), "answer_tokens": ANSWER_TOKENS,
-                                        "levels": list(levels), "peer_parallel": max(levels)}}
+                                        "levels": list(levels), "peer_parallel": max(levels),
+                                        "workloads": list(workloads)}}
 
     def checkpoint(runs: dict[str, Any]) -> None:  # a run cut short still leaves what it measured
         results["runs"] = runs
@@ -111,7 +116,7 @@ def run_structured(args: argparse.Namespace, plan: Plan, model: Path, binary: Pa
         results["openings"] = answer_openings(running)
         results["first_request"] = first_request_latency(running, plan)
         checkpoint({})
-        results["runs"] = run_workloads(running, plan, levels, checkpoint)
+        results["runs"] = run_workloads(running, plan, levels, checkpoint, workloads)
     results["targets"] = structured_targets(results)
     return results
 

@@ -154,16 +154,17 @@ def measure_workload(server: Server, workload: str, clients: int, repeat: int, p
 
 
 def run_workloads(servers: Sequence[Server], plan: Plan, levels: Sequence[int] = LEVELS,
-                  measured: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+                  measured: Callable[[dict[str, Any]], None] | None = None,
+                  workloads: Sequence[str] = WORKLOADS) -> dict[str, Any]:
     """runs[server][workload][clients] = the repeats' level statistics. For each client count and repeat, every
     workload on every server one right after the other (a paired design: the machine drifts within minutes).
     `measured(runs)` is called after each measurement (the caller writes what there is so far)."""
     pids = [s.pid for s in servers]
     runs: dict[str, dict[str, dict[str, list[dict[str, Any]]]]] = {
-        s.name: {w: {str(c): [] for c in levels} for w in WORKLOADS} for s in servers}
+        s.name: {w: {str(c): [] for c in levels} for w in workloads} for s in servers}
     for clients in levels:
         for repeat in range(1 if plan.quick else 2):
-            for workload in WORKLOADS:
+            for workload in workloads:
                 for server in servers:
                     stats = measure_workload(server, workload, clients, repeat, plan, pids)
                     runs[server.name][workload][str(clients)].append(stats)
