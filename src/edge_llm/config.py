@@ -112,8 +112,8 @@ class Settings(BaseSettings):
     speculative: Literal["off", "ngram"] = Field(
         "off", description="Speculative decoding: `ngram` drafts a request's next tokens from its own prompt and "
         "output (prompt lookup) and verifies them in the same batch, as many as pay; answers are those of `off` "
-        "(greedy: up to rounding; sampled: the same distribution). 1.5-1.8x on code edits, but up to 16% slower on "
-        "free JSON, hence off by default (see README, Speculative decoding)."
+        "(greedy: up to rounding; sampled: the same distribution). 1.6-2.1x on code edits and as fast as off on "
+        "prose and free JSON in one run; off by default until a second run confirms it (see README)."
     )
     queue_capacity: int = Field(
         32, ge=1, description="Most requests waiting for a free sequence; more get 503 with Retry-After."
