@@ -6,8 +6,8 @@ token, and the longest prefix the sampler agrees with, plus its own next token, 
 
 A sequence drafts only while its recent acceptance rate is above a gate (higher beside other sequences, where a row's
 cost buys less), and then whether a draft row pays is a cost model. A step of N rows costs about
-`1 + ROW_COST * N` (in units of its fixed cost, the weights read once); a draft token at position j is worth p^j tokens, p being the sequence's recent rate
-of accepted draft positions for a match of that n-gram size. `allocate` adds draft rows across the batch in order of
+`1 + ROW_COST * N` (in units of its fixed cost, the weights read once); a draft token at position j is worth p^j
+tokens, p being the sequence's recent rate of accepted draft positions for a match of that n-gram size. `allocate` adds draft rows across the batch in order of
 their worth while each is worth more than the tokens per cost the step already makes, so a sequence whose drafts
 keep failing (free prose) stops drafting, a sequence whose drafts are accepted drafts longer, and a batch full of
 sequences (where a row's cost is shared by more tokens) drafts only the surest guesses.
