@@ -37,11 +37,11 @@ SEED = 1234
 PREFIX_RULES = 26  # 1,003 tokens of system prompt with the default model
 POLL_S = 0.25
 BUDGET_S = 360.0
+QUICK_BUDGET_S = 150.0
 # llama-server's slots each hold their own copy of the system prompt: at `-c 8192` eight of them exceed the cache once
 # the answers grow and it fails every request in flight. It runs a second time with this many cells.
 ROOMY_PEER_CTX = 32768
 ROOMY_PEER = f"llama-server -c {ROOMY_PEER_CTX}"
-QUICK_BUDGET_S = 150.0
 RUNNING_METRICS = ("edge_llm_running_sequences", "llamacpp:requests_processing")
 QUESTIONS = (
     "Which rules are about naming? Quote them.",

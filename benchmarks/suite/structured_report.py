@@ -187,7 +187,8 @@ def real_client_markdown(results: dict[str, Any]) -> str:
               "| server | requests | cut at the budget | errors | tokens/answer (mean) | aggregate tok/s | TTFT p50 ms | TTFT p95 ms "
               "| stream tok/s (median) | running at once (max) | running (mean while busy) | other CPU use |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for server in (OURS, PEER, f"llama-server -c {meta.get('roomy_peer_ctx')}"):
+    servers = [name for name in results if name != "meta"]  # ours, then each llama-server configuration run
+    for server in servers:
         level = results.get(server)
         if not level:
             continue
@@ -197,7 +198,7 @@ def real_client_markdown(results: dict[str, Any]) -> str:
             f"{fmt(level['stream_tokens_per_s_median'])} | {fmt(level['running_max'], 1, 0)} | "
             f"{fmt(level['running_mean_while_busy'])} | {pct(level.get('neighbour_cpu'))} |")
     mine = results.get(OURS)
-    for name in (PEER, f"llama-server -c {meta.get('roomy_peer_ctx')}"):
+    for name in (n for n in servers if n != OURS):
         theirs = results.get(name)
         if mine and theirs and theirs["errors"] < theirs["requests"]:
             lines += ["", f"ours / {name}: aggregate tok/s {fmt(ratio(mine[AGGREGATE], theirs[AGGREGATE]), 1, 3)}, "

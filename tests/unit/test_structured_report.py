@@ -119,6 +119,11 @@ def test_the_real_client_markdown() -> None:
     text = sr.real_client_markdown({"meta": meta, "ours": row, "llama-server": {**row, "aggregate_tokens_per_s": 30}})
     assert "| ours | 16 | 2 | 0 | 128 | 60.0 | 500 | 1500 |" in text and "aggregate tok/s 2.000" in text
     assert "a time budget of 360 s per server" in text
+    failing = {**row, "errors": 16, "error_samples": ["Context size has been exceeded."]}
+    text = sr.real_client_markdown({"meta": meta, "ours": row, "llama-server": failing,
+                                    "llama-server -c 32768": {**row, "aggregate_tokens_per_s": 30}})
+    assert "llama-server: 16 of 16 requests failed (Context size has been exceeded.)" in text
+    assert "ours / llama-server -c 32768: aggregate tok/s 2.000" in text and "| llama-server -c 32768 | 16 |" in text
 
 
 def test_the_entry_point_offers_the_parts_alone() -> None:
