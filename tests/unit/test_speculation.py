@@ -10,9 +10,10 @@ from collections import Counter
 import pytest
 
 from edge_llm.engine.acceptance import verify
-from edge_llm.engine.drafting import Draft, NgramDrafter
+from edge_llm.engine.drafting import NGRAM_SIZES, Draft, NgramDrafter
 from edge_llm.engine.kv_ledger import KvLedger
 from edge_llm.engine.speculation import (
+    FIRST_DRAFT,
     MAX_DRAFT_ROWS,
     PRIOR_RATE,
     GATE_ALONE,
@@ -137,6 +138,26 @@ def test_a_gated_rate_recovers_towards_the_prior_slowly() -> None:
         rate.recover()
         steps += 1
     assert 50 <= steps <= 200 and rate.rate <= PRIOR_RATE
+
+
+def test_a_new_ngram_size_starts_from_what_the_sequence_has_learnt_and_the_longest_from_the_prior() -> None:
+    speculation = Speculation()
+    speculation.in_flight, speculation.in_flight_ngram = (1, 2, 3), 2
+    speculation.verified(0)  # its first guess failed at once
+    assert speculation.rate(2) < GATE_ALONE
+    assert speculation.rate(3) == speculation.rate(5) == speculation.pooled.rate < GATE_ALONE
+    assert speculation.rate(max(NGRAM_SIZES)) == PRIOR_RATE
+
+
+def test_a_first_guess_is_short_and_a_confirmed_one_long() -> None:
+    speculation = Speculation()
+    history = list(range(40)) + list(range(10))  # the last tokens occurred before: a long continuation follows
+    first = speculation.propose(history, limit=32)
+    assert first is not None and len(first.tokens) == FIRST_DRAFT
+    speculation.in_flight, speculation.in_flight_ngram = first.tokens, first.ngram
+    speculation.verified(FIRST_DRAFT)
+    again = speculation.propose(history, limit=32)
+    assert again is not None and len(again.tokens) > FIRST_DRAFT
 
 
 def test_allocation_respects_room_and_the_draft_length() -> None:
@@ -368,7 +389,7 @@ def test_engine_stats_count_drafts() -> None:
 
 def test_followers_sharing_a_prompt_each_draft_their_own_answer() -> None:
     script = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 5, 6, 7, 8, EOG]
-    other = [9, 10, 11, 12, 13, 14, 5, 6, 7, 8, 9, 10, EOG]
+    other = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 30, 31, 32, EOG]  # parts from the prompt's pattern where a's does not
     runner = FakeRunner({1: script, 2: other})
     results = run(make_engine(runner, parallel=2), greedy("a", 1), greedy("b", 2))
     for events, expected in zip(results, (script, other)):

@@ -25,7 +25,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from edge_llm.engine.drafting import Draft, NgramDrafter
+from edge_llm.engine.drafting import NGRAM_SIZES, Draft, NgramDrafter
 
 if TYPE_CHECKING:
     from edge_llm.engine.sequence import Sequence
@@ -58,6 +58,10 @@ GATE_BATCHED = 0.9
 # A gated rate drifts back towards the prior by this factor a step, so a sequence tries again after ~90 tokens (its
 # text may have turned into something it can predict, e.g. code after an explanation).
 RECOVERY = 0.97
+# A rate that is still the prior alone drafts this many tokens at most: a first guess that fails costs two rows, not
+# the five the prior's cost model would verify (free JSON's first guesses fail; code's pass, and it drafts longer from
+# its next step).
+FIRST_DRAFT = 2
 
 
 @dataclass
@@ -66,6 +70,7 @@ class AcceptanceRate:
 
     accepted: float = PRIOR_RATE * PRIOR_WEIGHT
     reached: float = PRIOR_WEIGHT
+    verified: int = 0  # positions ever verified: 0 means the rate is the prior alone
 
     @property
     def rate(self) -> float:
@@ -75,11 +80,15 @@ class AcceptanceRate:
         for position in range(reached):
             self.accepted = self.accepted * DECAY + (1.0 if position < accepted else 0.0)
             self.reached = self.reached * DECAY + 1.0
+        self.verified += reached
 
     def recover(self) -> None:
         """One step without drafting: the rate moves a little towards the prior (its weight stays)."""
         prior = PRIOR_RATE * self.reached
         self.accepted = prior + (self.accepted - prior) * RECOVERY
+
+    def copy(self) -> AcceptanceRate:
+        return AcceptanceRate(self.accepted, self.reached, self.verified)
 
 
 def gate(decode_rows: int) -> float:
@@ -93,6 +102,10 @@ class Speculation:
 
     drafter: NgramDrafter = field(default_factory=NgramDrafter)
     rates: dict[int, AcceptanceRate] = field(default_factory=dict)  # by n-gram size
+    # Every verified position of any n-gram size: where a sequence first drafts from a match of a new size, its rate
+    # starts from this, not from the prior (free JSON tried each of the four sizes at the prior's long draft, each
+    # failing at once).
+    pooled: AcceptanceRate = field(default_factory=AcceptanceRate)
     candidate: Draft | None = None  # proposed this step, before the allocation cuts it
     in_flight: tuple[int, ...] = ()  # the draft in this step's batch, verified after the decode
     in_flight_ngram: int = 0
@@ -100,18 +113,28 @@ class Speculation:
     accepted: int = 0
 
     def rate(self, ngram: int) -> float:
-        return self.rates.setdefault(ngram, AcceptanceRate()).rate
+        return self.rate_of(ngram).rate
+
+    def rate_of(self, ngram: int) -> AcceptanceRate:
+        rate = self.rates.get(ngram)
+        if rate is None:  # the longest matches start from the prior: they begin the repeats worth drafting
+            rate = self.rates[ngram] = AcceptanceRate() if ngram >= max(NGRAM_SIZES) else self.pooled.copy()
+        return rate
 
     def propose(self, history: list[int], limit: int) -> Draft | None:
         self.drafter.sync(history)
-        self.candidate = self.drafter.propose(min(limit, MAX_DRAFT))
-        return self.candidate
+        draft = self.drafter.propose(min(limit, MAX_DRAFT))
+        if draft is not None and not self.rate_of(draft.ngram).verified and len(draft.tokens) > FIRST_DRAFT:
+            draft = Draft(draft.tokens[:FIRST_DRAFT], draft.ngram)
+        self.candidate = draft
+        return draft
 
     def verified(self, accepted: int) -> None:
         """The draft in flight was verified: its first `accepted` tokens were right."""
         drafted = len(self.in_flight)
         reached = min(accepted + 1, drafted)  # positions checked: the accepted ones and the first wrong one
-        self.rates.setdefault(self.in_flight_ngram, AcceptanceRate()).update(reached, accepted)
+        self.rate_of(self.in_flight_ngram).update(reached, accepted)
+        self.pooled.update(reached, accepted)
         self.drafted += drafted
         self.accepted += accepted
         self.in_flight = ()
@@ -173,6 +196,7 @@ def lay_out_drafts(plan: StepPlan, room: int, row_cost: float = ROW_COST) -> lis
         if not length:
             if speculation.rate(draft.ngram) < least:
                 speculation.rates[draft.ngram].recover()
+                speculation.pooled.recover()
             continue
         speculation.in_flight = draft.tokens[:length]
         speculation.in_flight_ngram = draft.ngram
