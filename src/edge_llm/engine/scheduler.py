@@ -24,7 +24,7 @@ from edge_llm.engine.scheduler_entries import OutsideEntries
 from edge_llm.engine.scheduler_moves import ChunkMove, ChunkMoves
 from edge_llm.engine.step_plan import KvCopy, KvOp, KvRemove, KvTrim, StepPlan
 from edge_llm.engine.sequence import CacheEntry, Phase, Sequence
-from edge_llm.engine.speculation import ROW_COST, Speculation, SpeculationStats, lay_out_drafts, row_cost_at
+from edge_llm.engine.speculation import ROW_COST, Speculation, SpeculationStats, lay_out_drafts
 from edge_llm.engine.token_match import common_prefix_length
 
 MAX_PREEMPTIONS = 3
@@ -169,7 +169,7 @@ class Scheduler(OutsideEntries, ChunkMoves):
         # cost a whole token's time). Their cells are free ones, freed again before anything else is laid out.
         if not any(s.phase is Phase.PREFILL and s.leader is None for s in self.running):
             room = min(self.batch_size - len(plan.tokens), self.free_cells)
-            for sequence, length in lay_out_drafts(plan, room, row_cost_at(self.draft_row_cost, self.ledger.used)):
+            for sequence, length in lay_out_drafts(plan, room, self.draft_row_cost):
                 self.ledger.grow(sequence.seq_id, length)
         room = self.batch_size - len(plan.tokens)
         for sequence in self.running:

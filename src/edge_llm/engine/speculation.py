@@ -38,8 +38,6 @@ if TYPE_CHECKING:
 # not measured as the engine runs: the drafts, and so the batches, must follow from the tokens alone, or a request
 # that runs alone would not repeat its answer (docs/architecture.md, Repeatability).
 ROW_COST = 0.6
-# A row attends over every KV cell in use (llama.cpp's unified cache), so it costs more as they grow: per 1,000 cells.
-ROW_COST_PER_1K_CELLS = 0.0
 MAX_DRAFT = 32  # draft tokens a sequence verifies in one step at most
 MAX_DRAFT_ROWS = 64  # draft tokens in one step at most
 STATS_POSITIONS = MAX_DRAFT
@@ -165,11 +163,6 @@ def allocate(candidates: list[tuple[Speculation, Draft]], decode_rows: int, room
         if position < len(candidates[i][1].tokens):
             heapq.heappush(heap, (-(worth * rates[i]), i, position + 1))
     return lengths
-
-
-def row_cost_at(base: float, cells_in_use: int) -> float:
-    """The row cost when `cells_in_use` KV cells are held (`base`: with few)."""
-    return base + ROW_COST_PER_1K_CELLS * cells_in_use / 1000
 
 
 def lay_out_drafts(plan: StepPlan, room: int, row_cost: float = ROW_COST) -> list[tuple[Sequence, int]]:
