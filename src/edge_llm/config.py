@@ -110,10 +110,10 @@ class Settings(BaseSettings):
         8, ge=0, le=128, description="Finished sequences kept in the KV cache for prefix reuse (0 disables the prefix cache)."
     )
     speculative: Literal["off", "ngram"] = Field(
-        "off", description="Speculative decoding: `ngram` drafts a request's next tokens from its own prompt and "
+        "ngram", description="Speculative decoding: `ngram` drafts a request's next tokens from its own prompt and "
         "output (prompt lookup) and verifies them in the same batch, as many as pay; answers are those of `off` "
         "(greedy: up to rounding; sampled: the same distribution). 1.9-2.2x on code edits and within a few percent "
-        "of off on prose and free JSON; off by default until a Ctrl+C test failure seen with it on is explained (see README)."
+        "of off on prose and free JSON; `off` drafts nothing."
     )
     queue_capacity: int = Field(
         32, ge=1, description="Most requests waiting for a free sequence; more get 503 with Retry-After."

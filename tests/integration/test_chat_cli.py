@@ -127,11 +127,18 @@ def test_interactive_keeps_the_conversation_and_obeys_commands(chat_server: Runn
     assert prompts[2][1]["content"] == "Say hello."
 
 
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def test_ctrl_c_stops_the_answer_on_the_server_without_leaving(chat_server: RunningServer) -> None:
     before = cancellations(chat_server)
     sent_before = len(sent_prompts(chat_server))
+    # Started the way a background job of a script is: with SIGINT ignored, which the child inherits. The chat
+    # must still stop on Ctrl+C (it restores the default handler).
     process = subprocess.Popen(chat_command(chat_server, "--temperature", "0", "--max-tokens", "1500"),
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=_ignore_sigint)
     assert process.stdin is not None and process.stdout is not None and process.stderr is not None
     received: list[str] = []
     errors: list[str] = []

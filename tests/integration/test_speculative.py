@@ -1,7 +1,7 @@
 """Speculative decoding on the real model (issue 17): greedy answers with drafts are the answers without them.
 
 Both servers run one sequence at a time without the prefix cache (`drafting_server` with `--speculative ngram`,
-`plain_server` with `--speculative off`, the default). A draft changes the batch a token's logits are computed in, which
+`plain_server` with `--speculative off`; `ngram` is the default). A draft changes the batch a token's logits are computed in, which
 changes llama.cpp's rounding as a batch mate does, so two answers may part at a near-tie and nowhere else
 (tests/helpers.agreeing_tokens); a wrongly accepted or lost token is not a near-tie and fails.
 """

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -256,6 +257,9 @@ class Terminal:
 
 
 def run_interactive(client: ChatClient, conversation: Conversation, terminal: Terminal) -> int:
+    # A program started in the background of a non-interactive shell (`edge-llm chat &`, a script, a test
+    # harness) inherits SIGINT ignored, so Ctrl+C would never stop an answer; Python's own handler restores it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         model = conversation.model or client.model_name()  # the server's first model is its default
     except ChatError as exc:
