@@ -58,7 +58,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--clients", type=lambda text: [int(c) for c in text.split(",")], default=None,
                         metavar="LIST", help="client counts of --only structured (default: 1,4,8; --quick: 1,4)")
     parser.add_argument("--workloads", type=lambda text: text.split(","), default=None, metavar="LIST",
-                        help="workloads of --only structured (default: all; e.g. plain,json_schema)")
+                        help="workloads of --only structured (default: all; e.g. plain,json_schema) or of --only "
+                        "speculative (code,prose,json,schema)")
     parser.add_argument("--attempts", type=int, default=None, metavar="N",
                         help="--only: take a disturbed measurement at most N times (default: 3; --quick: 2)")
     parser.add_argument("--llama-server", type=Path, metavar="PATH",

@@ -36,6 +36,7 @@ from .real_client import (BUDGET_S, CLIENTS, PREFIX_RULES, QUESTIONS, QUICK_BUDG
 from .run import git_commit
 from .speculative import PEER_FLAGS as SPECULATIVE_PEER_FLAGS
 from .speculative import NGRAM, OFF, row_costs, run_speculative, speculative_markdown, speculative_targets
+from .speculative import LEVELS as SPECULATIVE_LEVELS
 from .speculative import PEER as SPECULATIVE_PEER
 from .structured import (
     ANSWER_TOKENS,
@@ -165,15 +166,18 @@ def run_infill_part(args: argparse.Namespace, plan: Plan, model: Path, binary: P
 def run_speculative_part(args: argparse.Namespace, plan: Plan, model: Path, binary: Path | None) -> dict[str, Any]:
     """Ours with --speculative off and ngram, and llama-server --spec-type ngram-simple (8 slots), all running; the
     levels go through them one after the other (suite/speculative.py)."""
+    workloads = tuple(args.workloads or SPECULATIVE_LEVELS)
+    if unknown := set(workloads) - set(SPECULATIVE_LEVELS):
+        raise SystemExit(f"unknown workloads {sorted(unknown)}; known: {', '.join(SPECULATIVE_LEVELS)}")
     results: dict[str, Any] = {"meta": {**metadata(model, plan, binary), "peer_parallel": 8,
-                                        "peer_flags": list(SPECULATIVE_PEER_FLAGS)}}
+                                        "peer_flags": list(SPECULATIVE_PEER_FLAGS), "workloads": list(workloads)}}
 
     def checkpoint(runs: dict[str, Any]) -> None:
         results["runs"] = runs
         results["targets"] = speculative_targets(results)
         write_part(args.out, "speculative", results)
 
-    if not plan.quick:  # minutes on a busy machine
+    if not plan.quick and not args.workloads:  # minutes on a busy machine
         wait_for_quiet("row costs", plan.quiet_wait_s)
         results["row_cost"] = row_costs(model)
     with ExitStack() as stack:
@@ -186,7 +190,7 @@ def run_speculative_part(args: argparse.Namespace, plan: Plan, model: Path, bina
             running = stack.enter_context(
                 processes.llama_server(binary, model, RESULTS, 8, extra_flags=SPECULATIVE_PEER_FLAGS))
             found[SPECULATIVE_PEER] = (running.url, running.process.pid)
-        checkpoint(run_speculative(found, plan, checkpoint))
+        checkpoint(run_speculative(found, plan, checkpoint, workloads))
     return results
 
 

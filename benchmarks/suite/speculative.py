@@ -1,7 +1,7 @@
 """Speculative decoding (issue 17): ours with `--speculative off` against `--speculative ngram`, and llama.cpp's
 llama-server with `--spec-type ngram-simple` beside, on code edits (a ~45-line Python file sent back whole with a
-variable renamed, type hints or docstrings added), free prose and JSON written freely, at 1 and 4 clients (and 8 for
-prose), greedy.
+variable renamed, type hints or docstrings added), free prose, JSON written freely and the same JSON under a
+`response_format` JSON schema (drafts checked by the grammar), at 1 and 4 clients (and 8 for prose), greedy.
 
 Each level runs on the three servers one right after the other (a paired design); a request is a non-streamed chat
 completion whose server-side `timings` give its decode rate. Ratios, targets and Markdown are at the bottom."""
@@ -28,8 +28,8 @@ OFF, NGRAM, PEER = "ours off", "ours ngram", "llama-server ngram-simple"
 SERVERS = (OFF, NGRAM, PEER)
 PEER_FLAGS = ("--spec-type", "ngram-simple")
 CODE_TOKENS, PROSE_TOKENS = 1024, 256
-LEVELS = {"code": (1, 4), "prose": (1, 4, 8), "json": (1, 4)}
-QUICK_LEVELS = {"code": (1, 4), "prose": (1,), "json": (1,)}  # --quick, for a machine shared with others
+LEVELS = {"code": (1, 4), "prose": (1, 4, 8), "json": (1, 4), "schema": (1, 4)}
+QUICK_LEVELS = {"code": (1, 4), "prose": (1,), "json": (1,), "schema": (1,)}  # --quick, for a machine shared with others
 
 SOURCE = '''import csv
 import statistics
@@ -107,13 +107,35 @@ JSON_TASKS = (
 JSON_TOKENS = 200
 
 
-def prompts(workload: str) -> list[tuple[str, int]]:
-    """(user message, max_tokens) of each task of a workload."""
+def _array_of(name: str, properties: dict[str, Any]) -> dict[str, Any]:
+    """A `response_format` whose answer is {name: [objects with every one of `properties`]}."""
+    item = {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
+    schema = {"type": "object", "properties": {name: {"type": "array", "items": item}}, "required": [name],
+              "additionalProperties": False}
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+
+
+_TEXT, _INT = {"type": "string"}, {"type": "integer"}
+_TEXTS = {"type": "array", "items": _TEXT}
+SCHEMAS = (  # one for each of JSON_TASKS
+    _array_of("members", {"name": _TEXT, "age": _INT, "role": _TEXT, "city": _TEXT, "country": _TEXT,
+                          "skills": _TEXTS, "active": {"type": "boolean"}}),
+    _array_of("countries", {"name": _TEXT, "capital": _TEXT, "population": _INT, "languages": _TEXTS,
+                            "currency": _TEXT}),
+    _array_of("books", {"title": _TEXT, "author": _TEXT, "year": _INT, "genre": _TEXT, "pages": _INT,
+                        "summary": _TEXT}),
+)
+
+
+def prompts(workload: str) -> list[tuple[str, int, dict[str, Any] | None]]:
+    """(user message, max_tokens, response_format) of each task of a workload."""
     if workload == "code":
-        return [(f"{task}\n\n```python\n{SOURCE}```", CODE_TOKENS) for task in CODE_TASKS]
+        return [(f"{task}\n\n```python\n{SOURCE}```", CODE_TOKENS, None) for task in CODE_TASKS]
     if workload == "json":
-        return [(task, JSON_TOKENS) for task in JSON_TASKS]
-    return [(task, PROSE_TOKENS) for task in PROSE_TASKS]
+        return [(task, JSON_TOKENS, None) for task in JSON_TASKS]
+    if workload == "schema":
+        return [(task, JSON_TOKENS, schema) for task, schema in zip(JSON_TASKS, SCHEMAS)]
+    return [(task, PROSE_TOKENS, None) for task in PROSE_TASKS]
 
 
 def decode_rate(body: dict[str, Any]) -> float | None:
@@ -126,8 +148,12 @@ def decode_rate(body: dict[str, Any]) -> float | None:
     return tokens / ms * 1000 if tokens > 0 and ms > 0 else None
 
 
-def one_request(url: str, content: str, max_tokens: int) -> dict[str, Any]:
-    body = {"messages": [{"role": "user", "content": content}], "temperature": 0, "max_tokens": max_tokens}
+def one_request(url: str, content: str, max_tokens: int, response_format: dict[str, Any] | None = None
+                ) -> dict[str, Any]:
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": content}], "temperature": 0,
+                            "max_tokens": max_tokens}
+    if response_format is not None:
+        body["response_format"] = response_format
     response = httpx.post(url + "/v1/chat/completions", json=body, timeout=900)
     response.raise_for_status()
     answer = response.json()
@@ -161,14 +187,16 @@ def run_level(url: str, workload: str, clients: int, rounds: int) -> dict[str, A
             "drafted": drafted, "texts": [a["text"] for a in answers]}
 
 
-def run_speculative(servers: dict[str, tuple[str, int]], plan: Plan,
-                    checkpoint: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
-    """Every workload and level, the servers one right after the other; `servers`: name → (url, pid)."""
+def run_speculative(servers: dict[str, tuple[str, int]], plan: Plan, checkpoint: Callable[[dict[str, Any]], None],
+                    workloads: tuple[str, ...] = tuple(LEVELS)) -> dict[str, Any]:
+    """Every level of `workloads`, the servers one right after the other; `servers`: name → (url, pid)."""
     runs: dict[str, Any] = {name: {} for name in servers}
     rounds = 1 if plan.quick else 2
     for url, _ in servers.values():  # warm-up
         one_request(url, prompts("code")[0][0], 8)
     for workload, levels in (QUICK_LEVELS if plan.quick else LEVELS).items():
+        if workload not in workloads:
+            continue
         for clients in levels:
             for name, (url, pid) in servers.items():
                 label = f"{name}: {workload}, {clients} client(s)"
@@ -263,7 +291,7 @@ def same_texts(runs: dict[str, Any], workload: str, clients: int) -> tuple[int, 
 def speculative_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     runs = results.get("runs") or {}
     goals = [("code", 1, 1.6), ("code", 4, 1.2), ("prose", 1, 0.97), ("prose", 4, 0.97), ("prose", 8, 0.97),
-             ("json", 1, 0.97), ("json", 4, 0.97)]
+             ("json", 1, 0.97), ("json", 4, 0.97), ("schema", 1, 0.97), ("schema", 4, 0.97)]
     return [target(f"ours ngram / off, {workload}, {clients} client{'s' if clients > 1 else ''}, "
                    f"{'decode tok/s' if clients == 1 else 'aggregate tok/s'}",
                    ratio(runs, NGRAM, workload, clients, key_for(clients)), ">=", bound,

@@ -29,8 +29,19 @@ def results() -> dict:
 
 def test_code_edit_prompts_carry_the_whole_file() -> None:
     code = sp.prompts("code")
-    assert len(code) == 3 and all(sp.SOURCE in content and tokens == sp.CODE_TOKENS for content, tokens in code)
+    assert len(code) == 3 and all(sp.SOURCE in content and tokens == sp.CODE_TOKENS and fmt is None
+                                  for content, tokens, fmt in code)
     assert 40 <= sp.SOURCE.count("\n") <= 50
+
+
+def test_the_schema_workload_asks_the_json_tasks_under_a_strict_schema_each() -> None:
+    schema = sp.prompts("schema")
+    assert [content for content, _, _ in schema] == [content for content, _, _ in sp.prompts("json")]
+    for _, _, fmt in schema:
+        assert fmt["type"] == "json_schema" and fmt["json_schema"]["strict"] is True
+        (name, array), = fmt["json_schema"]["schema"]["properties"].items()
+        item = array["items"]
+        assert array["type"] == "array" and set(item["required"]) == set(item["properties"])
 
 
 def test_targets_of_issue_17() -> None:
