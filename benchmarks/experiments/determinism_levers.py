@@ -11,7 +11,10 @@ alone, one-batch reference computed in the same context configuration:
 
 Configurations: flash attention on/off x repacked weights (use_extra_bufts) on/off x kv_unified on/off.
 `--rows FLASH REPACK UNIFIED` runs the follow-up of one configuration: rows beside, prefill remainders, and the KV
-of generated tokens. The results and what they mean are in docs/determinism.md.
+of generated tokens. `--answer FLASH REPACK UNIFIED` compares an answer's tokens decoded one row a step, decoded two
+rows a step (the token and a throw-away row after it, removed again) and prefilled in one batch. Set
+GGML_CPU_TILED_MM=0 in the environment to switch off ggml-cpu's tiled K-quant matmul (used from 8 rows on). The
+results and what they mean are in docs/determinism.md.
 """
 
 from __future__ import annotations
@@ -203,10 +206,49 @@ def rows_and_remainders(flash: int, repack: bool, unified: bool) -> None:
     print(f"  prefilled answer vs decoded: {compare(ref[DECODE:DECODE + 1], [last])}", flush=True)
 
 
+def answer_kv(flash: int, repack: bool, unified: bool) -> None:
+    """The logits (and so the KV) of an answer's tokens: decoded one row a step, decoded two rows a step (the token
+    plus a throw-away row after it in the same sequence, removed by seq_rm before the next step), and prefilled in
+    one batch with logits on every row; then a follow-up turn prefilled after each, compared too."""
+    mp = llama_cpp.llama_model_default_params()
+    mp.use_extra_bufts = repack
+    model = llama_cpp.llama_model_load_from_file(MODEL, mp)
+    vocab = llama_cpp.llama_model_get_vocab(model)
+    prompt = tokenize(vocab, PROMPT)
+    follow = tokenize(vocab, "Thanks. Now show the same with open addressing and linear probing.")
+    c = Ctx(model, flash, unified)
+    c.clear()
+    forced = [int(np.argmax(x)) for x in c.run(prompt, 0)]
+    answer = forced[:DECODE]
+
+    def follow_up(start: int) -> list[np.ndarray]:
+        got = c.decode([(t, start + i, 0, True) for i, t in enumerate(follow)])
+        return [got[i] for i in sorted(got)]
+
+    c.clear()
+    rows = [(t, p, 0, p >= len(prompt) - 1) for p, t in enumerate(prompt + answer)]
+    got = c.decode(rows)
+    prefilled = [got[i] for i in sorted(got)][:DECODE]  # the last prompt position and the answer's but the last
+    prefilled_next = follow_up(len(rows))
+    for label, throwaway in (("1 row a step", False), ("2 rows a step", True)):
+        c.clear()
+        logits = [c.prefill(prompt, 0)]
+        for i, tok in enumerate(answer):
+            pos = len(prompt) + i
+            step = [(tok, pos, 0, True)] + ([(tok, pos + 1, 0, False)] if throwaway else [])
+            logits.append(c.decode(step)[0])
+            if throwaway:
+                llama_cpp.llama_memory_seq_rm(c.mem, 0, pos + 1, -1)
+        print(f"  answer {label} vs prefilled: logits {compare(prefilled[1:], logits[1:DECODE])}; "
+              f"follow-up turn {compare(prefilled_next, follow_up(len(prompt) + DECODE))}", flush=True)
+
+
 if __name__ == "__main__":
     silence()
     llama_cpp.llama_backend_init()
     if sys.argv[1:2] == ["--rows"]:  # --rows FLASH REPACK UNIFIED, e.g. --rows 0 0 0
         rows_and_remainders(int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1")
+    elif sys.argv[1:2] == ["--answer"]:  # --answer FLASH REPACK UNIFIED, e.g. --answer 0 0 0
+        answer_kv(int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1")
     else:
         main()

@@ -1,0 +1,105 @@
+"""Issue 18 experiment (run on request: `.venv/bin/python benchmarks/experiments/determinism_cost.py`): what would
+the bit-invariant configuration found by determinism_levers.py cost?
+
+  today       what the server runs: tiled K-quant matmul (ggml-cpu's default), flash attention auto, repacked
+              weights, one KV stream for all sequences, one row a decode step per sequence
+  invariant   GGML_CPU_TILED_MM=0, flash attention off, no repacking, one KV stream per sequence, two rows a step
+              per sequence (its token and a throw-away row after it, removed again: every cell is computed in a
+              step with at least two rows of its sequence)
+  invariant-1 the same with one row a step (to separate what the throw-away row costs)
+
+Each configuration runs in a child process (the environment switch is read by ggml once); the three alternate,
+REPEATS times, and medians are reported: prefill tok/s of a 512-token prompt, decode tok/s (all sequences
+together) at 1, 4 and 8 sequences, each holding ~190 cells of its own prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CONFIGS = {
+    "today": ({}, {"flash": -1, "repack": True, "unified": True, "throwaway": False}),
+    "invariant": ({"GGML_CPU_TILED_MM": "0"}, {"flash": 0, "repack": False, "unified": False, "throwaway": True}),
+    "invariant-1": ({"GGML_CPU_TILED_MM": "0"}, {"flash": 0, "repack": False, "unified": False, "throwaway": False}),
+}
+REPEATS = 3
+SEQUENCES = (1, 4, 8)
+STEPS = 24
+
+
+def child(name: str) -> dict[str, float]:
+    sys.path.insert(0, str(HERE))
+    import llama_cpp
+    from determinism_levers import MODEL, PROMPT, Ctx, silence, tokenize
+
+    settings = CONFIGS[name][1]
+    silence()
+    llama_cpp.llama_backend_init()
+    params = llama_cpp.llama_model_default_params()
+    params.use_extra_bufts = settings["repack"]
+    model = llama_cpp.llama_model_load_from_file(MODEL, params)
+    vocab = llama_cpp.llama_model_get_vocab(model)
+    ctx = Ctx(model, settings["flash"], settings["unified"])
+    prompt = tokenize(vocab, PROMPT)
+    long_prompt = (prompt * 4)[:512]
+    out: dict[str, float] = {}
+    times = []
+    for _ in range(3):
+        ctx.clear()
+        started = time.perf_counter()
+        ctx.prefill(long_prompt, 0)
+        times.append(time.perf_counter() - started)
+    out["prefill_tok_s"] = len(long_prompt) / statistics.median(times)
+    for count in SEQUENCES:
+        ctx.clear()
+        for seq in range(count):
+            ctx.prefill(prompt, seq)
+        token, position = prompt[-1], len(prompt)
+        started = time.perf_counter()
+        for _ in range(STEPS):
+            rows = []
+            for seq in range(count):
+                rows.append((token, position, seq, True))
+                if settings["throwaway"]:
+                    rows.append((token, position + 1, seq, False))
+            ctx.decode(rows)
+            if settings["throwaway"]:
+                for seq in range(count):
+                    llama_cpp.llama_memory_seq_rm(ctx.mem, seq, position + 1, -1)
+            position += 1
+        out[f"decode_tok_s_{count}"] = count * STEPS / (time.perf_counter() - started)
+    return out
+
+
+def main() -> None:
+    measured: dict[str, list[dict[str, float]]] = {name: [] for name in CONFIGS}
+    for repeat in range(REPEATS):
+        for name, (env, _) in CONFIGS.items():
+            done = subprocess.run([sys.executable, __file__, "--child", name], env={**os.environ, **env},
+                                  capture_output=True, text=True, check=True)
+            measured[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            print(f"repeat {repeat + 1} {name}: {measured[name][-1]}", flush=True)
+    keys = list(measured["today"][0])
+    print("\n| configuration | " + " | ".join(keys) + " |")
+    print("|---|" + "---:|" * len(keys))
+    base = {key: statistics.median(run[key] for run in measured["today"]) for key in keys}
+    for name, runs in measured.items():
+        cells = []
+        for key in keys:
+            value = statistics.median(run[key] for run in runs)
+            cells.append(f"{value:.1f}" + ("" if name == "today" else f" ({value / base[key]:.2f}×)"))
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--child"]:
+        print(json.dumps(child(sys.argv[2])))
+    else:
+        main()
