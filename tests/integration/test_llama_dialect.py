@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from urllib.parse import unquote
 
 import httpx
 import openai
@@ -37,6 +38,18 @@ def test_unknown_fields_are_ignored_and_named_in_a_header(server: RunningServer)
     completion = httpx.post(server.url + "/v1/completions", json={"prompt": "1, 2, 3,", "max_tokens": 2,
                                                                   "typical_p": 1.0}, timeout=60)
     assert completion.status_code == 200 and completion.headers["x-edge-llm-ignored-fields"] == "typical_p"
+
+
+def test_any_unknown_field_name_fits_in_the_header(server: RunningServer) -> None:
+    """A JSON key may hold control characters, commas and any Unicode; the header names it percent-encoded (the
+    fuzzer found a raw one made the HTTP layer drop the response)."""
+    hostile = {"\t\x1bé,😀": 1, "a b": [], "id_slot": 0}
+    for path, body in ((CHAT, chat_body(**hostile)), ("/tokenize", {"content": "hi", **hostile})):
+        response = httpx.post(server.url + path, json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        names = response.headers["x-edge-llm-ignored-fields"].split(",")
+        assert [unquote(name) for name in names] == sorted(hostile), names
+        assert all(ch.isascii() and ch.isprintable() for ch in response.headers["x-edge-llm-ignored-fields"])
 
 
 def test_strict_params_refuses_unknown_fields(strict_server: RunningServer) -> None:

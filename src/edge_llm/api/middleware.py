@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from edge_llm.api.errors import APIError
 from edge_llm.api.lifecycle import Lifecycle
-from edge_llm.api.params import IGNORED_FIELDS_HEADER, track_ignored_fields
+from edge_llm.api.params import IGNORED_FIELDS_HEADER, ignored_fields_header, track_ignored_fields
 from edge_llm.api.telemetry import RequestRecord, RequestRecords
 from edge_llm.logs import bind_request_id, new_request_id, sane_request_id, unbind_request_id
 from edge_llm.api.metrics import Metrics
@@ -148,7 +148,7 @@ class RequestContext:
                 headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != b"x-request-id"]
                 headers.append(id_header)
                 if ignored_fields and not any(k.lower() == IGNORED_FIELDS_HEADER.encode() for k, _ in headers):
-                    headers.append((IGNORED_FIELDS_HEADER.encode(), ",".join(ignored_fields).encode()))
+                    headers.append((IGNORED_FIELDS_HEADER.encode(), ignored_fields_header(ignored_fields)))
                 message = {**message, "headers": headers}
                 if record.status >= 400:
                     error_body = bytearray()

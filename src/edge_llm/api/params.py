@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from contextvars import ContextVar
 from typing import Any
+from urllib.parse import quote
 
 from pydantic import BaseModel
 
@@ -27,6 +28,13 @@ def track_ignored_fields() -> list[str]:
     fields: list[str] = []
     _ignored.set(fields)
     return fields
+
+
+def ignored_fields_header(fields: list[str]) -> bytes:
+    """The header's value: the names joined by commas, each percent-encoded (UTF-8) except for letters, digits and
+    `_.-~`. A field name is anything JSON allows (control characters, commas, any Unicode), and a header value must
+    be visible ASCII: a raw one made the HTTP layer drop the whole response."""
+    return ",".join(quote(name, safe="") for name in fields).encode("ascii")
 
 
 def known_fields(model: type[BaseModel]) -> set[str]:
