@@ -25,6 +25,7 @@ from pydantic_settings import (
 )
 
 from edge_llm.engine.kv_types import KvCacheType, is_quantized
+from edge_llm.engine.speculation import MAX_DRAFT_ROWS
 from edge_llm.models.fetch import MODELS_DIR_ENV, default_model_path
 
 logger = logging.getLogger(__name__)
@@ -34,6 +35,15 @@ CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"  # the `config` setting's variable
 
 # A list setting: a repeatable flag, a comma-separated environment variable, a TOML list or string.
 CommaList = Annotated[list[str], NoDecode]
+
+
+def logit_rows(*, parallel: int, cache_slots: int, batch_size: int, speculative: bool) -> int:
+    """The most rows of logits llama.cpp's output buffer holds: it reserves one per sequence id, and grows to the
+    largest step's rows with logits, every decoding sequence's token plus, with speculation, the draft rows a step
+    verifies (MAX_DRAFT_ROWS at most). The engine writes that many once at load (engine/llama/runner.py), so the memory
+    estimate counts them and the server's memory does not creep up to them while it serves."""
+    decode_rows = min(batch_size, parallel + (MAX_DRAFT_ROWS if speculative else 0))
+    return max(parallel + cache_slots, decode_rows)
 
 
 def cores_available() -> int:
@@ -303,6 +313,11 @@ class Settings(BaseSettings):
     @property
     def model_name(self) -> str:
         return self.model.name.removesuffix(".gguf")
+
+    @property
+    def logit_rows(self) -> int:
+        return logit_rows(parallel=self.parallel, cache_slots=self.cache_slots, batch_size=self.batch_size,
+                          speculative=self.speculative == "ngram")
 
     @classmethod
     def settings_customise_sources(

@@ -92,11 +92,20 @@ class Balancer:
     url: str
     access_log: Path
 
-    def upstreams(self) -> dict[str, str]:
-        """request id → the replica(s) nginx sent it to, from the access log (written as each request ends)."""
+    def upstreams(self, request_ids: list[str]) -> dict[str, str]:
+        """request id → the replica(s) nginx sent it to, from the access log. nginx writes a request's line after its
+        last byte went out, so a client that has read a whole answer may be ahead of it: this waits for the lines of
+        `request_ids`."""
         pattern = re.compile(r"upstream=(?P<upstream>.*?) upstream_status=.*? request_id=(?P<id>\S+) session=")
-        return {found["id"]: found["upstream"] for found in map(pattern.search, self.access_log.read_text().splitlines())
-                if found}
+        logged: dict[str, str] = {}
+
+        def all_logged() -> bool:
+            logged.update((found["id"], found["upstream"])
+                          for found in map(pattern.search, self.access_log.read_text().splitlines()) if found)
+            return all(request_id in logged for request_id in request_ids)
+
+        wait_for(all_logged, TIMEOUT, f"nginx's access-log lines of {request_ids}")
+        return logged
 
 
 def balancer_config(addresses: list[str], port: int, access_log: Path) -> str:
@@ -369,7 +378,7 @@ def test_a_killed_replica_fails_only_its_own_streams(pool: list[Replica], balanc
                          f"after-kill-{n}") for n in range(6)]
     assert all(outcome.ok for outcome in after), after
     outcomes = [stream.result() for stream in streams]
-    upstreams = balancer.upstreams()
+    upstreams = balancer.upstreams([outcome.request_id for outcome in outcomes])
     on_victim = [outcome for outcome in outcomes if upstreams[outcome.request_id] == victim.address]
     elsewhere = [outcome for outcome in outcomes if upstreams[outcome.request_id] != victim.address]
     assert on_victim and not any(outcome.ok for outcome in on_victim), (on_victim, running)  # all in flight

@@ -56,7 +56,9 @@ def test_a_queued_stream_gets_keep_alive_comments_before_its_first_event(keepali
                 raw = b""
                 chunks = queued.iter_raw()
                 while KEEPALIVE not in raw:
-                    raw += next(chunks)
+                    chunk = next(chunks, None)
+                    assert chunk is not None, f"the queued stream ended without a keep-alive: {raw[:600]!r}"
+                    raw += chunk
                 long_answer.close()  # the client leaves: the long answer is aborted and the queued one runs
                 raw += b"".join(chunks)
     before_first_event = raw[:raw.index(b"data:")]

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 from gguf import GGUFWriter, LlamaFileType
 
+from edge_llm.config import logit_rows
+from edge_llm.engine.speculation import MAX_DRAFT_ROWS
 from edge_llm.models.gguf_info import GGUFInfoError, describe, read_model_facts
 
 
@@ -45,14 +47,14 @@ def test_facts_from_the_header(tmp_path: Path) -> None:
     assert facts.tensor_data_bytes == 6400 * 2 + 64 * 4
     assert facts.has_chat_template
     assert (facts.head_count, facts.head_count_kv, facts.key_length, facts.value_length) == (8, 2, 8, 8)
-    memory = facts.memory(1000, n_ubatch=10, n_seq=3)
+    memory = facts.memory(1000, n_ubatch=10, logit_rows=3)
     assert memory.kv_cache_bytes == 2 * 1000 * (2 * 8) * 2 * 2  # n_layer × n_ctx × (n_head_kv × head_dim) × 2 × 2
     assert memory.compute_bytes == 4 * 10 * (100 + 2 * 64) + 4 * 100 * 3
     # the embeddings context: KV for min(4096, n_ctx) tokens, and one 32-token chunk's logits and hidden states
     assert memory.embedding_bytes == 2 * 1000 * (2 * 8) * 2 * 2 + 4 * 32 * (2 * 100 + 3 * 64)
     assert memory.total_bytes == (memory.weights_bytes + memory.kv_cache_bytes + memory.compute_bytes
                                   + memory.embedding_bytes)
-    assert any(line.startswith("chat template  yes") for line in describe(facts, 1000, n_seq=3))
+    assert any(line.startswith("chat template  yes") for line in describe(facts, 1000, logit_rows=3))
 
 
 def test_long_vocabularies_are_skipped_not_kept(tmp_path: Path) -> None:
@@ -62,8 +64,8 @@ def test_long_vocabularies_are_skipped_not_kept(tmp_path: Path) -> None:
     assert facts.vocab_size == 5000
     assert not facts.has_chat_template
     assert facts.metadata["tokenizer.ggml.tokens"].items is None
-    assert any("no (a base model: chat is refused, completions work)" in line for line in describe(facts, 100, n_seq=3))
-    assert any(line.startswith("note") for line in describe(facts, 8192, n_seq=3))  # past the trained context
+    assert any("no (a base model: chat is refused, completions work)" in line for line in describe(facts, 100, logit_rows=3))
+    assert any(line.startswith("note") for line in describe(facts, 8192, logit_rows=3))  # past the trained context
 
 
 @pytest.mark.parametrize("content", [b"", b"GGU", b"not a gguf file at all, some text", b"GGUF\x03\x00\x00\x00\x05"])
@@ -84,3 +86,11 @@ def test_every_truncation_of_a_header_is_an_error_not_a_crash(tmp_path: Path) ->
         cut.write_bytes(data[:size])
         with pytest.raises(GGUFInfoError):
             read_model_facts(cut)
+
+
+def test_the_rows_of_logits_are_the_sequence_ids_or_the_largest_step() -> None:
+    # llama.cpp reserves a row per sequence id; a step asks for one per decoding sequence plus its draft rows
+    assert logit_rows(parallel=8, cache_slots=8, batch_size=512, speculative=False) == 16
+    assert logit_rows(parallel=8, cache_slots=8, batch_size=512, speculative=True) == 8 + MAX_DRAFT_ROWS
+    assert logit_rows(parallel=4, cache_slots=0, batch_size=16, speculative=True) == 16  # no more rows than a batch
+    assert logit_rows(parallel=4, cache_slots=60, batch_size=512, speculative=True) == 64

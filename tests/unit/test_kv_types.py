@@ -26,28 +26,28 @@ def test_the_estimate_for_each_type(kv_type: str, bytes_per_value: float) -> Non
     model = facts()
     per_token = model.kv_bytes_per_token(kv_type, kv_type)
     assert per_token == round(2 * VALUES * bytes_per_value)
-    memory = model.memory(8192, n_seq=16, cache_type_k=kv_type, cache_type_v=kv_type)
+    memory = model.memory(8192, logit_rows=16, cache_type_k=kv_type, cache_type_v=kv_type)
     assert memory.kv_cache_bytes == 8192 * per_token
     assert (memory.cache_type_k, memory.cache_type_v) == (kv_type, kv_type)
     # the embeddings context keeps f16 whatever the serving context uses
-    assert memory.embedding_bytes == model.memory(8192, n_seq=16).embedding_bytes
+    assert memory.embedding_bytes == model.memory(8192, logit_rows=16).embedding_bytes
 
 
 def test_f16_q8_0_and_q4_0_at_the_default_context() -> None:
     model = facts()
-    kv = {t: model.memory(8192, n_seq=16, cache_type_k=t, cache_type_v=t).kv_cache_bytes for t in ("f16", "q8_0", "q4_0")}
+    kv = {t: model.memory(8192, logit_rows=16, cache_type_k=t, cache_type_v=t).kv_cache_bytes for t in ("f16", "q8_0", "q4_0")}
     assert kv["f16"] == 96 << 20  # what llama.cpp reports for this model at 8,192 cells
     assert kv["q8_0"] == 51 << 20
     assert kv["q4_0"] == 27 << 20
-    mixed = model.memory(8192, n_seq=16, cache_type_k="q8_0", cache_type_v="f16").kv_cache_bytes
+    mixed = model.memory(8192, logit_rows=16, cache_type_k="q8_0", cache_type_v="f16").kv_cache_bytes
     assert mixed == (kv["q8_0"] + kv["f16"]) // 2
 
 
 def test_model_info_names_the_types() -> None:
-    lines = list(describe(facts(), 8192, n_seq=16, cache_type_k="q8_0", cache_type_v="q8_0"))
+    lines = list(describe(facts(), 8192, logit_rows=16, cache_type_k="q8_0", cache_type_v="q8_0"))
     memory = next(line for line in lines if line.startswith("memory"))
     assert "KV cache 51.0 MiB (q8_0)" in memory
-    mixed = next(line for line in describe(facts(), 8192, n_seq=16, cache_type_k="q4_0") if line.startswith("memory"))
+    mixed = next(line for line in describe(facts(), 8192, logit_rows=16, cache_type_k="q4_0") if line.startswith("memory"))
     assert "(K q4_0, V f16)" in mixed
 
 

@@ -41,7 +41,7 @@ def log_banner(settings: Settings) -> None:
     url = local_url(settings.host, settings.port)
     quantization = facts.quantization if facts else "unknown"
     memory = facts.memory(settings.ctx_size, n_ubatch=min(settings.batch_size, 512),
-                          n_seq=settings.parallel + settings.cache_slots, cache_type_k=settings.cache_type_k,
+                          logit_rows=settings.logit_rows, cache_type_k=settings.cache_type_k,
                           cache_type_v=settings.cache_type_v) if facts else None
     kv_types = kv_types_label(settings.cache_type_k, settings.cache_type_v)
     fields = {

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from edge_llm import __version__
-from edge_llm.config import Settings, add_settings_arguments, settings_from_args
+from edge_llm.config import Settings, add_settings_arguments, logit_rows, settings_from_args
 from edge_llm.models.fetch import MODELS_DIR_ENV, default_model_path, models_dir
 
 logger = logging.getLogger("edge_llm.cli")
@@ -101,7 +101,10 @@ def _model_info(args: argparse.Namespace) -> int:
 
     defaults = Settings.model_fields
     return run_info(args.path or default_model_path(), as_json=args.json, n_ctx=args.ctx,
-                    n_seq=defaults["parallel"].default + defaults["cache_slots"].default,
+                    logit_rows=logit_rows(parallel=defaults["parallel"].default,
+                                          cache_slots=defaults["cache_slots"].default,
+                                          batch_size=defaults["batch_size"].default,
+                                          speculative=defaults["speculative"].default == "ngram"),
                     cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v)
 
 
@@ -282,6 +285,7 @@ def _runner_factory(settings: Settings, path: Path, log_name: str | None):  # ty
                 cache_type_k=settings.cache_type_k,
                 cache_type_v=settings.cache_type_v,
                 flash_attn=settings.flash_attn,
+                logit_rows=settings.logit_rows,
             ),
         )
 

@@ -39,7 +39,9 @@ if TYPE_CHECKING:
 # that runs alone would not repeat its answer (docs/architecture.md, Repeatability).
 ROW_COST = 0.6
 MAX_DRAFT = 32  # draft tokens a sequence verifies in one step at most
-MAX_DRAFT_ROWS = 64  # draft tokens in one step at most
+# Draft tokens in one step at most: every row carries logits, and llama.cpp's output buffer holds the largest step's
+# (n_vocab floats a row, 0.6 MB on the default model), reserved at load (config.logit_rows).
+MAX_DRAFT_ROWS = 32
 STATS_POSITIONS = MAX_DRAFT
 # Acceptance is estimated per n-gram size with exponential forgetting: the last ~10 verified positions count. A
 # sequence starts from an optimistic prior, above the gates below (a rate is learnt only from drafts verified); drafts

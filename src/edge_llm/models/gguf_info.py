@@ -12,9 +12,9 @@ Memory at a context of `n_ctx` tokens (what `edge-llm serve` allocates, llama.cp
   being its cache type's (`--cache-type-k/-v`, engine/kv_types.py): 2 for f16, 34/32 for q8_0, 18/32 for q4_0
   (with key_length = value_length = head_dim and f16 this is n_layer × n_ctx × (n_head_kv × head_dim) × 2 × 2);
 - compute: llama.cpp's graph buffer, dominated by the logits of one micro-batch, estimated as
-  4 bytes × n_ubatch × (n_vocab + 2 × n_embd), plus the output buffer, 4 bytes × n_vocab × n_seq
-  (one row of logits per sequence). With flash attention (llama.cpp's default on CPU) this does not
-  grow with the context. Measured on Qwen2.5-Coder-0.5B Q4_K_M (n_ubatch 512, 12 sequences; the output buffer grows by 4 × n_vocab bytes per sequence):
+  4 bytes × n_ubatch × (n_vocab + 2 × n_embd), plus the output buffer, 4 bytes × n_vocab × logit_rows
+  (one row of logits per sequence id, or the largest step's rows with logits when more: config.logit_rows).
+  With flash attention (llama.cpp's default on CPU) this does not grow with the context. Measured on Qwen2.5-Coder-0.5B Q4_K_M (n_ubatch 512, 12 sequences; the output buffer grows by 4 × n_vocab bytes per sequence):
   300.3 MiB + 7.0 MiB, against 300.3 MiB + 7.0 MiB estimated.
 """
 
@@ -120,11 +120,11 @@ class ModelFacts:
         return self.block_count * (row_bytes(cache_type_k, self.head_count_kv * self.key_length)
                                    + row_bytes(cache_type_v, self.head_count_kv * self.value_length))
 
-    def memory(self, n_ctx: int, *, n_seq: int, n_ubatch: int = DEFAULT_UBATCH, cache_type_k: str = "f16",
+    def memory(self, n_ctx: int, *, logit_rows: int, n_ubatch: int = DEFAULT_UBATCH, cache_type_k: str = "f16",
                cache_type_v: str = "f16") -> MemoryEstimate:
         vocab = self.vocab_size or 0
         width = self.embedding_length or 0
-        compute = 4 * n_ubatch * (vocab + 2 * width) + 4 * vocab * n_seq
+        compute = 4 * n_ubatch * (vocab + 2 * width) + 4 * vocab * logit_rows
         # engine/llama/embedding.py: its KV cells, and the logits and hidden states of one chunk, output and computed
         embedding_ctx = min(EMBEDDING_MAX_TOKENS, n_ctx, self.context_length or n_ctx)
         # (the embedding context keeps f16: engine/llama/embedding.py does not take the cache types)
@@ -132,8 +132,9 @@ class ModelFacts:
         kv = n_ctx * self.kv_bytes_per_token(cache_type_k, cache_type_v)
         return MemoryEstimate(n_ctx, self.tensor_data_bytes, kv, compute, embedding, cache_type_k, cache_type_v)
 
-    def to_dict(self, n_ctx: int, *, n_seq: int, cache_type_k: str = "f16", cache_type_v: str = "f16") -> dict[str, Any]:
-        memory = self.memory(n_ctx, n_seq=n_seq, cache_type_k=cache_type_k, cache_type_v=cache_type_v)
+    def to_dict(self, n_ctx: int, *, logit_rows: int, cache_type_k: str = "f16", cache_type_v: str = "f16"
+                ) -> dict[str, Any]:
+        memory = self.memory(n_ctx, logit_rows=logit_rows, cache_type_k=cache_type_k, cache_type_v=cache_type_v)
         return {
             "path": str(self.path),
             "file_size": self.file_size,
@@ -157,7 +158,7 @@ class ModelFacts:
             "has_chat_template": self.has_chat_template,
             "memory": {**asdict(memory), "total_bytes": memory.total_bytes,
                        "kv_bytes_per_token": self.kv_bytes_per_token(cache_type_k, cache_type_v),
-                       "n_ubatch": DEFAULT_UBATCH, "n_seq": n_seq},
+                       "n_ubatch": DEFAULT_UBATCH, "logit_rows": logit_rows},
         }
 
 
@@ -367,10 +368,10 @@ def kv_types_label(cache_type_k: str, cache_type_v: str) -> str:
     return cache_type_k if cache_type_k == cache_type_v else f"K {cache_type_k}, V {cache_type_v}"
 
 
-def describe(facts: ModelFacts, n_ctx: int, *, n_seq: int, cache_type_k: str = "f16",
+def describe(facts: ModelFacts, n_ctx: int, *, logit_rows: int, cache_type_k: str = "f16",
              cache_type_v: str = "f16") -> Iterator[str]:
     """The lines `edge-llm model info` prints."""
-    memory = facts.memory(n_ctx, n_seq=n_seq, cache_type_k=cache_type_k, cache_type_v=cache_type_v)
+    memory = facts.memory(n_ctx, logit_rows=logit_rows, cache_type_k=cache_type_k, cache_type_v=cache_type_v)
     total = sum(facts.tensor_types.values()) or 1
     mix = ", ".join(f"{name} {count * 100 / total:.1f}%" for name, count in facts.tensor_types.items())
 
@@ -399,10 +400,10 @@ def describe(facts: ModelFacts, n_ctx: int, *, n_seq: int, cache_type_k: str = "
                "quality drops past that")
 
 
-def run_info(path: Path, *, as_json: bool, n_ctx: int, n_seq: int, cache_type_k: str = "f16",
+def run_info(path: Path, *, as_json: bool, n_ctx: int, logit_rows: int, cache_type_k: str = "f16",
              cache_type_v: str = "f16") -> int:
-    """`edge-llm model info`: the facts on stdout; one error line on stderr and exit code 1. `n_seq`: the
-    sequences the server keeps logits for (its --parallel + --cache-slots)."""
+    """`edge-llm model info`: the facts on stdout; one error line on stderr and exit code 1. `logit_rows`: the rows
+    of logits the server keeps (config.logit_rows)."""
     import json
     import sys
 
@@ -415,9 +416,9 @@ def run_info(path: Path, *, as_json: bool, n_ctx: int, n_seq: int, cache_type_k:
         sys.stderr.write(f"edge-llm: error: {exc}\n")
         return 1
     if as_json:
-        sys.stdout.write(json.dumps(facts.to_dict(n_ctx, n_seq=n_seq, cache_type_k=cache_type_k,
+        sys.stdout.write(json.dumps(facts.to_dict(n_ctx, logit_rows=logit_rows, cache_type_k=cache_type_k,
                                                   cache_type_v=cache_type_v), indent=2) + "\n")
     else:
-        sys.stdout.write("\n".join(describe(facts, n_ctx, n_seq=n_seq, cache_type_k=cache_type_k,
+        sys.stdout.write("\n".join(describe(facts, n_ctx, logit_rows=logit_rows, cache_type_k=cache_type_k,
                                              cache_type_v=cache_type_v)) + "\n")
     return 0

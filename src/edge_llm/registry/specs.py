@@ -114,7 +114,7 @@ def _estimate(settings: Settings, path: Path) -> tuple[int, bool, dict[str, Any]
         size = path.stat().st_size if path.exists() else 0
         return size, False, {"size": size}
     memory = facts.memory(settings.ctx_size, n_ubatch=min(settings.batch_size, 512),
-                          n_seq=settings.parallel + settings.cache_slots)
+                          logit_rows=settings.logit_rows)
     return memory.total_bytes, False, {
         "architecture": facts.architecture,
         "n_params": facts.parameter_count,
