@@ -1,16 +1,20 @@
-"""Issue 18 experiment (run on request: `.venv/bin/python benchmarks/experiments/determinism_cost.py`): what would
-the bit-invariant configuration found by determinism_levers.py cost?
+"""Issue 18 experiment (run on request: `.venv/bin/python benchmarks/experiments/determinism_cost.py`): what do the
+bit-invariant configurations found by determinism_levers.py cost?
 
-  today       what the server runs: tiled K-quant matmul (ggml-cpu's default), flash attention auto, repacked
-              weights, one KV stream for all sequences, one row a decode step per sequence
-  invariant   GGML_CPU_TILED_MM=0, flash attention off, no repacking, one KV stream per sequence, two rows a step
-              per sequence (its token and a throw-away row after it, removed again: every cell is computed in a
-              step with at least two rows of its sequence)
-  invariant-1 the same with one row a step (to separate what the throw-away row costs)
+  today          what the server runs by default: tiled K-quant matmul (ggml-cpu's default), flash attention auto,
+                 repacked weights, an f16 KV cache, one KV stream for all sequences
+  today-q8       the same with a q8_0 KV cache (--cache-type-k/-v q8_0)
+  deterministic  --deterministic: GGML_CPU_TILED_MM=0, flash attention on, no repacking, a q8_0 KV cache (ggml-cpu's
+                 flash attention then computes every row alone), one KV stream per sequence; the sequences' ids
+                 consecutive, so one step is one micro-batch
+  det-scattered  the same with every other sequence id (llama.cpp puts only consecutive ids of separate streams in
+                 one micro-batch: each sequence is its own)
+  invariant-f16  the flash-off configuration of 1 Dec (f16 KV, two rows a step per sequence: its token and a
+                 throw-away row, removed again)
 
-Each configuration runs in a child process (the environment switch is read by ggml once); the three alternate,
-REPEATS times, and medians are reported: prefill tok/s of a 512-token prompt, decode tok/s (all sequences
-together) at 1, 4 and 8 sequences, each holding ~190 cells of its own prompt.
+Each configuration runs in a child process (the environment switch is read by ggml once); they alternate, REPEATS
+times, and medians are reported: prefill tok/s of a 512-token prompt, decode tok/s (all sequences together) at 1, 4
+and 8 sequences, each holding ~190 cells of its own prompt.
 """
 
 from __future__ import annotations
@@ -24,10 +28,16 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+Q8_0, F16 = 8, 1  # ggml_type
 CONFIGS = {
-    "today": ({}, {"flash": -1, "repack": True, "unified": True, "throwaway": False}),
-    "invariant": ({"GGML_CPU_TILED_MM": "0"}, {"flash": 0, "repack": False, "unified": False, "throwaway": True}),
-    "invariant-1": ({"GGML_CPU_TILED_MM": "0"}, {"flash": 0, "repack": False, "unified": False, "throwaway": False}),
+    "today": ({}, {"flash": -1, "repack": True, "unified": True, "kv": F16, "throwaway": False, "spacing": 1}),
+    "today-q8": ({}, {"flash": -1, "repack": True, "unified": True, "kv": Q8_0, "throwaway": False, "spacing": 1}),
+    "deterministic": ({"GGML_CPU_TILED_MM": "0"},
+                      {"flash": 1, "repack": False, "unified": False, "kv": Q8_0, "throwaway": False, "spacing": 1}),
+    "det-scattered": ({"GGML_CPU_TILED_MM": "0"},
+                      {"flash": 1, "repack": False, "unified": False, "kv": Q8_0, "throwaway": False, "spacing": 2}),
+    "invariant-f16": ({"GGML_CPU_TILED_MM": "0"},
+                      {"flash": 0, "repack": False, "unified": False, "kv": F16, "throwaway": True, "spacing": 1}),
 }
 REPEATS = 3
 SEQUENCES = (1, 4, 8)
@@ -46,7 +56,7 @@ def child(name: str) -> dict[str, float]:
     params.use_extra_bufts = settings["repack"]
     model = llama_cpp.llama_model_load_from_file(MODEL, params)
     vocab = llama_cpp.llama_model_get_vocab(model)
-    ctx = Ctx(model, settings["flash"], settings["unified"])
+    ctx = Ctx(model, settings["flash"], settings["unified"], settings["kv"])
     prompt = tokenize(vocab, PROMPT)
     long_prompt = (prompt * 4)[:512]
     out: dict[str, float] = {}
@@ -59,19 +69,20 @@ def child(name: str) -> dict[str, float]:
     out["prefill_tok_s"] = len(long_prompt) / statistics.median(times)
     for count in SEQUENCES:
         ctx.clear()
-        for seq in range(count):
+        seqs = [seq * settings["spacing"] for seq in range(count)]
+        for seq in seqs:
             ctx.prefill(prompt, seq)
         token, position = prompt[-1], len(prompt)
         started = time.perf_counter()
         for _ in range(STEPS):
             rows = []
-            for seq in range(count):
+            for seq in seqs:
                 rows.append((token, position, seq, True))
                 if settings["throwaway"]:
                     rows.append((token, position + 1, seq, False))
             ctx.decode(rows)
             if settings["throwaway"]:
-                for seq in range(count):
+                for seq in seqs:
                     llama_cpp.llama_memory_seq_rm(ctx.mem, seq, position + 1, -1)
             position += 1
         out[f"decode_tok_s_{count}"] = count * STEPS / (time.perf_counter() - started)

@@ -31,7 +31,7 @@ MODEL = b"/root/.local/share/edge-llm/models/qwen2.5-coder-0.5b-instruct-q4_k_m.
 PROMPT = ("You are a careful assistant. Explain, step by step, how a hash map handles collisions, "
           "with a short Python example and a note on load factors. ") * 6
 DECODE = 6
-N_SEQ = 10
+N_SEQ = 16
 
 
 def silence() -> None:
@@ -47,13 +47,22 @@ def tokenize(vocab, text: str) -> list[int]:
     return list(buf[:n])
 
 
+# `--kv q8_0` anywhere in the arguments: the KV cache in q8_0 (K and V) instead of f16. With a quantized cache, ggml-cpu's
+# flash attention takes neither its KV-split path (one row, >= 512 cells) nor its tiled one (>= 64 rows): every row is
+# computed alone, over its sequence's cells in cell order.
+KV_TYPE = llama_cpp.GGML_TYPE_Q8_0 if "q8_0" in sys.argv else llama_cpp.GGML_TYPE_F16
+if "--kv" in sys.argv:
+    del sys.argv[sys.argv.index("--kv"):sys.argv.index("--kv") + 2]
+
+
 class Ctx:
-    def __init__(self, model, flash: int, unified: bool) -> None:
+    def __init__(self, model, flash: int, unified: bool, kv_type: int | None = None) -> None:
         p = llama_cpp.llama_context_default_params()
         p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = 8192 if unified else 8192 * N_SEQ // 8, 512, 512, N_SEQ
         p.n_threads = p.n_threads_batch = 2
         p.kv_unified = unified
         p.flash_attn_type = flash
+        p.type_k = p.type_v = KV_TYPE if kv_type is None else kv_type
         p.no_perf = True
         self.ctx = llama_cpp.llama_init_from_model(model, p)
         assert self.ctx
@@ -243,11 +252,53 @@ def answer_kv(flash: int, repack: bool, unified: bool) -> None:
               f"follow-up turn {compare(prefilled_next, follow_up(len(prompt) + DECODE))}", flush=True)
 
 
+def long_and_drafted(flash: int, repack: bool, unified: bool) -> None:
+    """A prompt of ~750 tokens (a window of >= 512 cells: flash attention's KV-split path for one row alone): decode
+    alone against beside 1 and 3 other sequences, the prompt in 64-token chunks, a warm prefix, and the decode steps
+    carrying 1 or 3 draft rows (the forced next tokens) instead of one row a step."""
+    mp = llama_cpp.llama_model_default_params()
+    mp.use_extra_bufts = repack
+    model = llama_cpp.llama_model_load_from_file(MODEL, mp)
+    vocab = llama_cpp.llama_model_get_vocab(model)
+    prompt = tokenize(vocab, PROMPT * 4)
+    c = Ctx(model, flash, unified)
+    c.clear()
+    ref = c.run(prompt, 0)
+    forced = [int(np.argmax(x)) for x in ref]
+    print(f"flash={flash} repack={repack} unified={unified} kv={'q8_0' if KV_TYPE == llama_cpp.GGML_TYPE_Q8_0 else 'f16'} "
+          f"prompt {len(prompt)} tokens", flush=True)
+    for k in (1, 3):
+        c.clear()
+        others = {1 + j: tokenize(vocab, f"Question {j}: list {j + 3} prime numbers and explain.") for j in range(k)}
+
+        def fill() -> None:
+            for s, toks in others.items():
+                c.prefill(toks, s)
+        got = c.run(prompt, 0, beside=k, others=others, after_prefill=fill, forced=forced)
+        print(f"  beside-{k}: {compare(ref, got)}", flush=True)
+    c.clear()
+    print(f"  chunked64: {compare(ref, c.run(prompt, 0, chunk=64, forced=forced))}", flush=True)
+    c.clear()
+    print(f"  warm: {compare(ref, c.run(prompt, 0, warm=True, forced=forced))}", flush=True)
+    for drafts in (1, 3):
+        c.clear()
+        logits = [c.prefill(prompt, 0)]
+        pos = len(prompt)
+        while len(logits) < DECODE + 1:
+            step = forced[len(logits) - 1:len(logits) + drafts]
+            got = c.decode([(t, pos + i, 0, True) for i, t in enumerate(step)])
+            logits.extend(got[i] for i in sorted(got))
+            pos += len(step)
+        print(f"  {drafts} draft rows a step: {compare(ref, logits[:DECODE + 1])}", flush=True)
+
+
 if __name__ == "__main__":
     silence()
     llama_cpp.llama_backend_init()
     if sys.argv[1:2] == ["--rows"]:  # --rows FLASH REPACK UNIFIED, e.g. --rows 0 0 0
         rows_and_remainders(int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1")
+    elif sys.argv[1:2] == ["--long"]:  # --long FLASH REPACK UNIFIED, e.g. --long 1 0 0 --kv q8_0
+        long_and_drafted(int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1")
     elif sys.argv[1:2] == ["--answer"]:  # --answer FLASH REPACK UNIFIED, e.g. --answer 0 0 0
         answer_kv(int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1")
     else:

@@ -37,6 +37,9 @@ CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"  # the `config` setting's variable
 CommaList = Annotated[list[str], NoDecode]
 
 
+MIN_STREAM_CELLS = 256  # --deterministic: the smallest KV stream a sequence gets (llama.cpp's unit for a stream)
+
+
 def logit_rows(*, parallel: int, cache_slots: int, batch_size: int, speculative: bool) -> int:
     """The most rows of logits llama.cpp's output buffer holds: it reserves one per sequence id, and grows to the
     largest step's rows with logits, every decoding sequence's token plus, with speculation, the draft rows a step
@@ -139,6 +142,14 @@ class Settings(BaseSettings):
     flash_attn: Literal["auto", "on", "off"] = Field(
         "auto", description="Flash attention: auto (llama.cpp turns it on where the backend supports it: on CPU "
         "always, and always for a quantized V cache), on, or off (then --cache-type-v must not be quantized)."
+    )
+    deterministic: bool = Field(
+        False, description="Repeatable answers: a temperature-0 or seeded request gives the same bytes whatever is "
+        "cached, runs beside it, or how its prompt is chunked, drafted or preempted (README, Deterministic mode). "
+        "Each sequence gets its own KV stream of --ctx-size / (--parallel + --cache-slots) cells, the KV cache is "
+        "quantized (q8_0 unless --cache-type-k/-v name another quantized type), flash attention is on, and "
+        "ggml's repacked and tiled matrix kernels are off; --cache-reuse does not apply and --prefix-cache-dir "
+        "is refused."
     )
     prefix_cache_dir: Path | None = Field(
         None, description="Directory where finished sequences' KV state is kept across restarts (the persistent "
@@ -309,6 +320,53 @@ class Settings(BaseSettings):
         if self.prefix_cache_dir is not None and self.cache_slots == 0:
             raise ValueError("--prefix-cache-dir needs the in-memory prefix cache: --cache-slots must be at least 1")
         return self
+
+    @model_validator(mode="after")
+    def _deterministic_kv_cache(self) -> Settings:
+        """--deterministic needs a quantized KV cache (ggml-cpu's flash attention then computes each row alone, in
+        the order of its sequence's cells), flash attention, and cells of --ctx-size split into a stream per
+        sequence of at least MIN_STREAM_CELLS."""
+        if not self.deterministic:
+            return self
+        for name in ("cache_type_k", "cache_type_v"):
+            if name not in self.model_fields_set:
+                setattr(self, name, "q8_0")
+            elif not is_quantized(getattr(self, name)):
+                raise ValueError(f"--deterministic needs a quantized KV cache: --{name.replace('_', '-')} "
+                                 f"{getattr(self, name)} is not (leave it out for q8_0)")
+        if self.flash_attn == "off":
+            raise ValueError("--deterministic needs flash attention: drop --flash-attn off")
+        if self.prefix_cache_dir is not None:
+            # A prefix copied between KV streams is copied at the next decode; a state read or written before it
+            # would see the stream as it was.
+            raise ValueError("--prefix-cache-dir cannot be combined with --deterministic (yet)")
+        if self.sequence_context < MIN_STREAM_CELLS:
+            n_seq = self.parallel + self.cache_slots
+            raise ValueError(f"--deterministic gives each of the {n_seq} sequences (--parallel {self.parallel} + "
+                             f"--cache-slots {self.cache_slots}) its own {self.ctx_size // n_seq} cells of --ctx-size "
+                             f"{self.ctx_size}, fewer than {MIN_STREAM_CELLS}: raise --ctx-size to at least "
+                             f"{MIN_STREAM_CELLS * n_seq} or lower --parallel / --cache-slots")
+        return self
+
+    @property
+    def stream_cells(self) -> int | None:
+        """With --deterministic, the KV cells of each sequence's own stream (llama.cpp rounds a stream to 256 cells:
+        rounded down here, so the streams together stay within --ctx-size); None with one shared stream."""
+        if not self.deterministic:
+            return None
+        return self.ctx_size // (self.parallel + self.cache_slots) // 256 * 256
+
+    @property
+    def kv_cells(self) -> int:
+        """The KV cells llama.cpp allocates: --ctx-size, or the streams' cells together with --deterministic."""
+        cells = self.stream_cells
+        return self.ctx_size if cells is None else cells * (self.parallel + self.cache_slots)
+
+    @property
+    def sequence_context(self) -> int:
+        """The most tokens (prompt and answer) one sequence holds."""
+        cells = self.stream_cells
+        return self.ctx_size if cells is None else cells
 
     @property
     def model_name(self) -> str:

@@ -47,7 +47,7 @@ def wait_until_decoding(response: httpx.Response) -> Iterator[str]:
 def test_a_queued_stream_gets_keep_alive_comments_before_its_first_event(keepalive_server: RunningServer) -> None:
     with httpx.Client(base_url=keepalive_server.url, timeout=TIMEOUT) as http:
         with http.stream("POST", CHAT, json=long_answer_body(400)) as long_answer:
-            wait_until_decoding(long_answer)
+            rest = wait_until_decoding(long_answer)
             # The simple body: its first event is the first text piece (an OpenAI stream starts with the role
             # chunk at once), so everything before it was sent while the request waited.
             simple = {"prompt": "Say hi.", "max_tokens": 4, "temperature": 0}
@@ -57,7 +57,10 @@ def test_a_queued_stream_gets_keep_alive_comments_before_its_first_event(keepali
                 chunks = queued.iter_raw()
                 while KEEPALIVE not in raw:
                     chunk = next(chunks, None)
-                    assert chunk is not None, f"the queued stream ended without a keep-alive: {raw[:600]!r}"
+                    if chunk is None:  # it ran without waiting: the long answer must have ended, say how
+                        tail = list(rest)[-3:]
+                        raise AssertionError(f"the queued stream ended without a keep-alive: {raw[:600]!r}; the "
+                                             f"long answer ended with {tail}")
                     raw += chunk
                 long_answer.close()  # the client leaves: the long answer is aborted and the queued one runs
                 raw += b"".join(chunks)

@@ -5,7 +5,8 @@ coherent: a decode position is always the next free position of its sequence, a 
 copies positions its source really holds into an empty sequence, and a sequence's tokens are
 the ones the scheduler believes (`kv_tokens`, cache entries). Like llama.cpp's unified cache, a copy
 shares cells (the same cell objects) and a cell is free when nobody holds it, so the model counts the
-cells really in use, which must equal the scheduler's ledger and never exceed the context. The driver
+cells really in use, which must equal the scheduler's ledger and never exceed the context; with a KV stream per
+sequence (`stream_cells`, --deterministic) a copy makes new cells and no sequence outgrows its stream. The driver
 also checks the layout of every batch (`Driver.check_plan`): decode tokens first, prompt chunks never
 holding the last token of what a sequence must have before its next sample (`feed`).
 """
@@ -27,8 +28,11 @@ class _Cell:
 
 
 class KvModel:
-    def __init__(self, n_seq_max: int) -> None:
+    def __init__(self, n_seq_max: int, stream_cells: int | None = None) -> None:
         self.n_seq_max = n_seq_max
+        # With a KV stream per sequence (--deterministic), a copy between sequences copies the data (new cells) and
+        # no sequence holds more than `stream_cells` positions.
+        self.stream_cells = stream_cells
         self.cells: dict[int, dict[int, _Cell]] = {}  # seq id → position → its cell (shared after a copy)
         self.log: list[KvOp] = []
 
@@ -56,8 +60,12 @@ class KvModel:
                 assert op.end > 0 and all(p in src for p in range(op.end)), \
                     f"copy of {op.end} positions from a sequence holding {sorted(src)}"
                 assert not self.cells.get(op.dst_seq), "copy into a sequence that still holds cells"
-                self.cells[op.dst_seq] = {p: src[p] for p in range(op.end)}
+                if self.stream_cells is None:
+                    self.cells[op.dst_seq] = {p: src[p] for p in range(op.end)}
+                else:
+                    self.cells[op.dst_seq] = {p: _Cell(src[p].token) for p in range(op.end)}
             elif isinstance(op, KvCopy):  # a moved chunk's range
+                assert self.stream_cells is None, "a range copy between KV streams (llama.cpp copies whole streams)"
                 src = self.cells.get(op.src_seq, {})
                 dst = self.cells.setdefault(op.dst_seq, {})
                 taken = {p: cell for p, cell in src.items() if op.start <= p < op.end}
@@ -102,6 +110,7 @@ class KvModel:
             # llama.cpp's rule: a sequence's new positions follow its last one (Y = X + 1)
             assert position == (max(cells) + 1 if cells else 0), f"seq {seq_id}: position {position} after {sorted(cells)[-3:]}"
             assert all(p in cells for p in range(position)), f"seq {seq_id}: position {position} after a gap"
+            assert self.stream_cells is None or position < self.stream_cells, f"seq {seq_id} overflows its stream"
             cells[position] = _Cell(token)
 
 
@@ -110,7 +119,7 @@ class Driver:
 
     def __init__(self, scheduler: Scheduler, sample: Callable[[Sequence], int] | None = None) -> None:
         self.s = scheduler
-        self.kv = KvModel(scheduler.n_seq_max)
+        self.kv = KvModel(scheduler.n_seq_max, scheduler.stream_cells)
         self.sample = sample or (lambda seq: 1000 + seq.generated)
         self.plans: list[StepPlan] = []
         self.finished: list[Sequence] = []
@@ -238,7 +247,7 @@ class Driver:
         return self.future_kv().seqs
 
     def future_kv(self) -> KvModel:
-        future = KvModel(self.kv.n_seq_max)
+        future = KvModel(self.kv.n_seq_max, self.kv.stream_cells)
         future.cells = {seq_id: dict(cells) for seq_id, cells in self.kv.cells.items()}
         future.apply_ops(list(self.s._after_decode_ops) + list(self.s._pending_ops))
         return future

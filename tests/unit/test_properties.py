@@ -205,10 +205,26 @@ def engine_step(d: Driver, eog_mask: int) -> None:
         event("drafted")
 
 
+def streams(config: dict) -> dict:
+    """The same scheduler with a KV stream per sequence (--deterministic): n_ctx split evenly."""
+    n_seq = config["parallel"] + config["cache_slots"]
+    stream = max(8, config["n_ctx"] // n_seq)
+    return {**config, "n_ctx": stream * n_seq, "stream_cells": stream}
+
+
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(configs, st.lists(op, min_size=5, max_size=60))
 def test_scheduler_invariants_over_random_operations(config, ops) -> None:
-    s = Scheduler(**config)
+    run_random_operations(Scheduler(**config), ops)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(configs.map(streams), st.lists(op, min_size=5, max_size=60))
+def test_scheduler_invariants_with_a_kv_stream_per_sequence(config, ops) -> None:
+    run_random_operations(Scheduler(**config), ops)
+
+
+def run_random_operations(s: Scheduler, ops: list) -> None:
     d = Driver(s, sample=sample_token)
     added = []
     cancelled = []
@@ -216,7 +232,7 @@ def test_scheduler_invariants_over_random_operations(config, ops) -> None:
         kind = operation[0]
         if kind == "add":
             _, prompt, max_tokens, speculative = operation
-            if len(prompt) + max_tokens > s.n_ctx:
+            if len(prompt) + max_tokens > s.sequence_context:
                 try:
                     s.add(f"r{len(added)}", prompt, max_tokens)
                 except RequestTooLargeError:
@@ -280,13 +296,14 @@ def test_scheduler_invariants_over_random_operations(config, ops) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(configs, st.lists(st.tuples(prompts, st.integers(1, 8), st.booleans()), min_size=1, max_size=12),
+@given(configs | configs.map(streams),
+       st.lists(st.tuples(prompts, st.integers(1, 8), st.booleans()), min_size=1, max_size=12),
        st.sampled_from([0.0, 0.1, 0.5]))
 def test_scheduler_completes_every_request_with_exactly_max_tokens(config, requests, draft_row_cost) -> None:
     s = Scheduler(**config, draft_row_cost=draft_row_cost)
     d = Driver(s, sample=sample_token)
     seqs = [s.add(f"r{i}", p, m, speculative=spec) for i, (p, m, spec) in enumerate(requests)
-            if len(p) + m <= s.n_ctx]
+            if len(p) + m <= s.sequence_context]
     admitted_order = []
     events: Counter[str] = Counter()
     for _ in range(3000):

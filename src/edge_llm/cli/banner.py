@@ -35,12 +35,19 @@ def curl_example(url: str, model: str, with_key: bool) -> str:
     return f"curl -N {url}/v1/chat/completions -H 'Content-Type: application/json'{key} -d {shlex.quote(body)}"
 
 
+def context_line(settings: Settings) -> str:
+    if settings.deterministic:
+        return (f"{settings.sequence_context:,} tokens for each of {settings.parallel} parallel sequences and "
+                f"{settings.cache_slots} cached ones (deterministic: a KV stream each)")
+    return f"{settings.ctx_size:,} tokens shared by up to {settings.parallel} parallel sequences"
+
+
 def log_banner(settings: Settings) -> None:
     facts = model_facts(settings.model)
     has_keys = bool(settings.api_key or settings.api_key_file)
     url = local_url(settings.host, settings.port)
     quantization = facts.quantization if facts else "unknown"
-    memory = facts.memory(settings.ctx_size, n_ubatch=min(settings.batch_size, 512),
+    memory = facts.memory(settings.kv_cells, n_ubatch=min(settings.batch_size, 512),
                           logit_rows=settings.logit_rows, cache_type_k=settings.cache_type_k,
                           cache_type_v=settings.cache_type_v) if facts else None
     kv_types = kv_types_label(settings.cache_type_k, settings.cache_type_v)
@@ -49,6 +56,8 @@ def log_banner(settings: Settings) -> None:
         "model_path": str(settings.model),
         "quantization": quantization,
         "ctx_size": settings.ctx_size,
+        "sequence_context": settings.sequence_context,
+        "deterministic": settings.deterministic,
         "threads": settings.threads,
         "parallel": settings.parallel,
         "memory_estimate_bytes": memory.total_bytes if memory else None,
@@ -74,7 +83,7 @@ def log_banner(settings: Settings) -> None:
         f"serving {settings.model_name} on {url}; loading the model",
         f"  model       {settings.model} ({quantization}"
         + (f", {facts.architecture}, {facts.parameter_count / 1e9:.2f} B parameters)" if facts else ")"),
-        f"  context     {settings.ctx_size:,} tokens shared by up to {settings.parallel} parallel sequences{trained}",
+        f"  context     {context_line(settings)}{trained}",
         f"  threads     {settings.threads} (prompt {settings.threads_batch or settings.threads})",
         f"  memory      {memory_line}",
     ]

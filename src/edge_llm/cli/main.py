@@ -252,7 +252,8 @@ def _engine_factory(settings: Settings):  # type: ignore[no-untyped-def]
     def make(spec: ModelSpec) -> EngineClient:
         return EngineClient(Engine(
             _runner_factory(settings, spec.path, spec.name if settings.models_dir is not None else None),
-            n_ctx=settings.ctx_size,
+            n_ctx=settings.kv_cells,
+            stream_cells=settings.stream_cells,
             batch_size=settings.batch_size,
             parallel=settings.parallel,
             cache_slots=settings.cache_slots,
@@ -277,7 +278,7 @@ def _runner_factory(settings: Settings, path: Path, log_name: str | None):  # ty
         return LlamaRunner(
             path,
             ContextConfig(
-                n_ctx=settings.ctx_size,
+                n_ctx=settings.kv_cells,
                 n_batch=settings.batch_size,
                 n_seq_max=settings.parallel + settings.cache_slots,
                 n_threads=settings.threads,
@@ -286,6 +287,7 @@ def _runner_factory(settings: Settings, path: Path, log_name: str | None):  # ty
                 cache_type_v=settings.cache_type_v,
                 flash_attn=settings.flash_attn,
                 logit_rows=settings.logit_rows,
+                deterministic=settings.deterministic,
             ),
         )
 
@@ -309,7 +311,8 @@ def _disk_cache(settings: Settings, path: Path, name: str):  # type: ignore[no-u
 
     directory = settings.prefix_cache_dir if settings.models_dir is None else settings.prefix_cache_dir / name
     fingerprint = kv_fingerprint(path, cache_type_k=settings.cache_type_k,
-                                 cache_type_v=settings.cache_type_v, flash_attn=settings.flash_attn)
+                                 cache_type_v=settings.cache_type_v, flash_attn=settings.flash_attn,
+                                 deterministic=settings.deterministic)
     store = PrefixStore(directory, fingerprint, budget_bytes=int(settings.prefix_cache_disk_budget))
     return DiskPrefixCache(store, min_new_tokens=settings.prefix_cache_min_tokens,
                            write_stall_s=settings.prefix_cache_write_stall)

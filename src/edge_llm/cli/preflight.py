@@ -159,7 +159,7 @@ def available_memory() -> int | None:
 
 def check_memory(settings: Settings, facts: ModelFacts, available: int | None = None) -> str | None:
     n_ubatch = min(settings.batch_size, 512)
-    memory = facts.memory(settings.ctx_size, n_ubatch=n_ubatch, logit_rows=settings.logit_rows, cache_type_k=settings.cache_type_k,
+    memory = facts.memory(settings.kv_cells, n_ubatch=n_ubatch, logit_rows=settings.logit_rows, cache_type_k=settings.cache_type_k,
                           cache_type_v=settings.cache_type_v)
     if facts.context_length and settings.ctx_size > facts.context_length:
         logger.warning("--ctx-size %d is more than the %d tokens %s was trained on: prompts stay limited to %d",

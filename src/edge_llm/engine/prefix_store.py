@@ -47,11 +47,13 @@ class EntryError(Exception):
     """An entry file that must not be loaded (damaged, truncated, foreign)."""
 
 
-def kv_fingerprint(model: Path, *, cache_type_k: str, cache_type_v: str, flash_attn: str) -> str:
+def kv_fingerprint(model: Path, *, cache_type_k: str, cache_type_v: str, flash_attn: str,
+                   deterministic: bool = False) -> str:
     """What a saved state depends on: the model file (its size and a hash of its first and last MiB: cheap, and the
-    same for a copy), the KV cache types, flash attention (it decides whether V is stored transposed) and the
-    llama-cpp-python version (its llama.cpp's state format). The context size is not part of it: a state is a
-    list of cells that any context with that many free cells takes."""
+    same for a copy), the KV cache types, flash attention (it decides whether V is stored transposed), the
+    llama-cpp-python version (its llama.cpp's state format) and --deterministic (its kernels round otherwise: a state
+    saved without it would make a deterministic answer depend on the disk). The context size is not part of it: a
+    state is a list of cells that any context with that many free cells takes."""
     digest = hashlib.sha256()
     size = model.stat().st_size
     with model.open("rb") as file:
@@ -64,6 +66,8 @@ def kv_fingerprint(model: Path, *, cache_type_k: str, cache_type_v: str, flash_a
         llama_version = "unknown"
     facts = {"model_size": size, "model_sample": digest.hexdigest(), "type_k": cache_type_k, "type_v": cache_type_v,
              "flash_attn": flash_attn, "llama_cpp_python": llama_version, "format": 1}
+    if deterministic:  # (absent otherwise, so the caches saved before the flag existed stay valid)
+        facts["deterministic"] = True
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
 

@@ -17,6 +17,7 @@ preempted again, so none starves.
 
 from __future__ import annotations
 
+import bisect
 from collections import OrderedDict, deque
 
 from edge_llm.engine.kv_ledger import KvLedger
@@ -42,11 +43,15 @@ class RequestTooLargeError(ValueError):
 
 class Scheduler(OutsideEntries, ChunkMoves):
     def __init__(self, *, n_ctx: int, batch_size: int, parallel: int, cache_slots: int,
-                 max_preemptions: int = MAX_PREEMPTIONS, draft_row_cost: float = ROW_COST) -> None:
+                 max_preemptions: int = MAX_PREEMPTIONS, draft_row_cost: float = ROW_COST,
+                 stream_cells: int | None = None) -> None:
         if batch_size < parallel:
             # Every running sequence's decode token must fit in one batch, or some would starve.
             raise ValueError(f"batch_size ({batch_size}) must be at least parallel ({parallel})")
         self.n_ctx = n_ctx
+        # With a KV stream per sequence (--deterministic) a sequence holds at most `stream_cells` cells, and a copied
+        # prefix is the destination's own cells (a copy of the data, not shared cells): the ledger charges it so.
+        self.stream_cells = stream_cells
         self.batch_size = batch_size
         self.parallel = parallel
         self.cache_slots = cache_slots
@@ -70,6 +75,11 @@ class Scheduler(OutsideEntries, ChunkMoves):
     @property
     def n_seq_max(self) -> int:
         return self.parallel + self.cache_slots
+
+    @property
+    def sequence_context(self) -> int:
+        """The most cells one sequence may fill."""
+        return self.n_ctx if self.stream_cells is None else self.stream_cells
 
     @property
     def kv_cells_used(self) -> int:
@@ -101,9 +111,9 @@ class Scheduler(OutsideEntries, ChunkMoves):
             reuse_min: int = 0, speculative: bool = False) -> Sequence:
         if not prompt:
             raise ValueError("empty prompt")
-        if len(prompt) + max_tokens > self.n_ctx or max_tokens < 1:
+        if len(prompt) + max_tokens > self.sequence_context or max_tokens < 1:
             raise RequestTooLargeError(
-                f"{len(prompt)} prompt tokens + {max_tokens} new tokens exceed the context of {self.n_ctx}"
+                f"{len(prompt)} prompt tokens + {max_tokens} new tokens exceed the context of {self.sequence_context}"
             )
         sequence = Sequence(request_id, list(prompt), max_tokens, use_cache=use_cache, reuse_min=reuse_min)
         sequence.feed = sequence.prompt
@@ -354,7 +364,10 @@ class Scheduler(OutsideEntries, ChunkMoves):
 
     def _queue_copy(self, src_seq: int, dst: Sequence, length: int) -> None:
         self._pending_ops.append(KvCopy(src_seq, dst.seq_id, length))
-        self.ledger.copy(src_seq, dst.seq_id, length)
+        if self.stream_cells is None:
+            self.ledger.copy(src_seq, dst.seq_id, length)
+        else:
+            self.ledger.grow(dst.seq_id, length)
         dst.kv_tokens = list(dst.feed[:length])
         dst.n_past = length
         if dst.preemptions == 0:
@@ -398,7 +411,9 @@ class Scheduler(OutsideEntries, ChunkMoves):
         if queue_removal:
             self._pending_ops.append(KvRemove(seq_id))
         self.ledger.drop(seq_id)
-        self._free_seq_ids.append(seq_id)
+        # The lowest free id is taken next: with a KV stream per sequence llama.cpp batches only consecutive ids
+        # together, so running sequences are best kept on low, adjacent ids.
+        bisect.insort(self._free_seq_ids, seq_id)
 
     def take_pending_ops(self) -> list[KvOp]:
         """The ops queued since this step's were handed out, except those that must follow its decode: what

@@ -33,8 +33,8 @@ class OutsideEntries:
         first `shared` positions from, with the cells for both: least-recently-used entries are evicted as for an
         admission. None when only running sequences finishing could make room. The caller applies `flush_ops()`
         before it fills the id, then calls `adopt_entry` or `release_entry`."""
-        if self.cache_slots == 0 or n_tokens <= 0:
-            return None
+        if self.cache_slots == 0 or n_tokens <= 0 or n_tokens > self.sequence_context:
+            return None  # (a longer entry, saved by a server with longer streams, would not fit one of ours)
         needed = self._admission_cells(head, shared) + n_tokens
         if self.ledger.used_without(set(self.cache)) + needed > self.n_ctx:
             return None

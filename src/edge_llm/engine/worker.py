@@ -50,6 +50,7 @@ class Engine:
         runner_factory: Callable[[], Runner],
         *,
         n_ctx: int,
+        stream_cells: int | None = None,
         batch_size: int,
         parallel: int,
         cache_slots: int,
@@ -68,7 +69,8 @@ class Engine:
         self.speculative = speculative  # requests draft by prompt lookup (engine/speculation.py)
         self.kv_bytes_per_cell = kv_bytes_per_cell
         self._disk = disk_cache  # the persistent prefix cache (--prefix-cache-dir), engine/prefix_disk.py
-        self._scheduler = Scheduler(n_ctx=n_ctx, batch_size=batch_size, parallel=parallel, cache_slots=cache_slots)
+        self._scheduler = Scheduler(n_ctx=n_ctx, batch_size=batch_size, parallel=parallel, cache_slots=cache_slots,
+                                    stream_cells=stream_cells)
         self.queue_capacity = queue_capacity
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         # Guards _waiting_ids, and makes submit's check-and-put and the close of the inbox (_closed)

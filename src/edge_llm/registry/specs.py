@@ -113,7 +113,7 @@ def _estimate(settings: Settings, path: Path) -> tuple[int, bool, dict[str, Any]
         logger.warning("cannot read the GGUF header of %s (%s): its memory is estimated by its size", path, exc)
         size = path.stat().st_size if path.exists() else 0
         return size, False, {"size": size}
-    memory = facts.memory(settings.ctx_size, n_ubatch=min(settings.batch_size, 512),
+    memory = facts.memory(settings.kv_cells, n_ubatch=min(settings.batch_size, 512),
                           logit_rows=settings.logit_rows)
     return memory.total_bytes, False, {
         "architecture": facts.architecture,

@@ -222,7 +222,8 @@ class Serving:
     def context_limit(self) -> int:
         info = self.engine.model_info
         train = info.n_ctx_train if info is not None and info.n_ctx_train > 0 else None
-        return min(self.settings.ctx_size, train) if train else self.settings.ctx_size
+        context = self.settings.sequence_context
+        return min(context, train) if train else context
 
     def fit(self, prompt: list[int], max_tokens: int | None) -> int:
         """The max_tokens a prompt gets: refused when it leaves no room, capped to what fits (all that fits

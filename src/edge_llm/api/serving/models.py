@@ -83,7 +83,7 @@ class ModelServing:
 
     def model_card(self, entry: ModelEntry) -> ModelCard:
         spec = entry.spec
-        meta: dict[str, Any] = {"n_ctx": self.settings.ctx_size, "path": str(spec.path)}
+        meta: dict[str, Any] = {"n_ctx": self.settings.sequence_context, "path": str(spec.path)}
         meta.update({key: value for key, value in spec.facts.items() if value is not None})
         meta.update(keep_alive=self._keep_alive(entry), requests_in_flight=entry.leases)
         if len(spec.aliases) == 1 and spec.aliases[0] == self.settings.model_alias:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import json
 import logging
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -95,6 +96,9 @@ class ContextConfig:
     cache_type_v: str = "f16"
     flash_attn: str = "auto"  # auto | on | off
     logit_rows: int = 0  # the most rows of logits a step asks for (config.logit_rows): written once at load
+    # --deterministic: one KV stream per sequence, no repacked weights, ggml's tiled matmul off (README, Deterministic
+    # mode); the settings make the KV cache quantized and flash attention on
+    deterministic: bool = False
 
 
 _FLASH_ATTN = {"auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
@@ -116,11 +120,21 @@ class _LoadProgress:
         return True
 
 
+# ggml-cpu's tiled K-quant matmul (8 rows and more) rounds otherwise than its kernels for fewer rows, so a row's
+# logits would depend on how many rows its step has. ggml reads the switch once, at its first matrix product: the
+# runner sets it before its first decode, and it holds for the process (--deterministic is server-wide).
+_TILED_MATMUL_SWITCH = "GGML_CPU_TILED_MM"
+
+
 class LlamaRunner:
     def __init__(self, model_path: Path, config: ContextConfig) -> None:
         self.config = config
         self.model_path = model_path
+        if config.deterministic:
+            os.environ[_TILED_MATMUL_SWITCH] = "0"
         model_params = llama_cpp.llama_model_default_params()
+        # Repacked weights take a 4-row GEMM for groups of rows and a GEMV for the rest: batch-dependent rounding.
+        model_params.use_extra_bufts = not config.deterministic
         progress = _LoadProgress(model_path)
         model_params.progress_callback = progress.callback
         self._model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), model_params)
@@ -134,7 +148,9 @@ class LlamaRunner:
         ctx_params.n_seq_max = config.n_seq_max
         ctx_params.n_threads = config.n_threads
         ctx_params.n_threads_batch = config.n_threads_batch
-        ctx_params.kv_unified = True
+        # One stream for every sequence shares cells (a prefix copy costs nothing); a stream per sequence keeps each
+        # sequence's cells in position order, which attention sums in (--deterministic).
+        ctx_params.kv_unified = not config.deterministic
         ctx_params.no_perf = True
         # (a quantized V with flash attention off is refused by the settings; llama.cpp turns auto on for it)
         ctx_params.type_k = KV_TYPES[config.cache_type_k].ggml_type
@@ -158,6 +174,7 @@ class LlamaRunner:
         self._sampling = TokenSampling(self._ctx, self._n_vocab, self._end_tokens, self._grammars, self.piece)
         self.info = self._read_info()
         self._embedding: EmbeddingContext | None = None
+        self._batch_row: list[int] | None = None  # plan row → batch row, when decode reorders them
         self._reserve_outputs(min(config.logit_rows, config.n_batch, config.n_ctx))
 
     def _reserve_outputs(self, rows: int) -> None:
@@ -196,7 +213,8 @@ class LlamaRunner:
             bos_token=bos if add_bos and bos >= 0 else None,
             metadata=metadata,
             fim=self._fim_tokens(),
-            can_move_cells=bool(llama_cpp.llama_memory_can_shift(self._memory)),
+            # (a moved chunk keeps values computed after other text: not what --deterministic promises)
+            can_move_cells=bool(llama_cpp.llama_memory_can_shift(self._memory)) and not self.config.deterministic,
             embedding_dimensions=llama_cpp.llama_model_n_embd_out(self._model) if self._embeds_in_chunks(metadata) else 0,
             embedding_max_tokens=min(EMBEDDING_MAX_TOKENS, self.config.n_ctx,
                                      max(1, llama_cpp.llama_model_n_ctx_train(self._model))),
@@ -295,11 +313,22 @@ class LlamaRunner:
             if isinstance(op, KvRemove):
                 llama_cpp.llama_memory_seq_rm(self._memory, op.seq_id, -1, -1)
             elif isinstance(op, KvCopy):
-                llama_cpp.llama_memory_seq_cp(self._memory, op.src_seq, op.dst_seq, op.start, op.end)
+                self._copy(op)
             elif isinstance(op, KvTrim):
                 llama_cpp.llama_memory_seq_rm(self._memory, op.seq_id, op.start, op.end)
             elif isinstance(op, KvShift):
                 llama_cpp.llama_memory_seq_add(self._memory, op.seq_id, op.start, op.end, op.delta)
+
+    def _copy(self, op: KvCopy) -> None:
+        if not self.config.deterministic:
+            llama_cpp.llama_memory_seq_cp(self._memory, op.src_seq, op.dst_seq, op.start, op.end)
+            return
+        # Between streams llama.cpp copies only whole streams (a partial range aborts the process): the whole source
+        # stream's data, at the next decode, then the positions past the copied range let go.
+        if op.start != 0:
+            raise ValueError("a range copy between KV streams (a moved chunk) cannot be made with --deterministic")
+        llama_cpp.llama_memory_seq_cp(self._memory, op.src_seq, op.dst_seq, -1, -1)
+        llama_cpp.llama_memory_seq_rm(self._memory, op.dst_seq, op.end, -1)
 
     def save_sequence_state(self, seq_id: int) -> bytearray:
         """A copy of `seq_id`'s KV state, for the persistent prefix cache."""
@@ -315,12 +344,21 @@ class LlamaRunner:
     def decode(self, plan: StepPlan) -> None:
         batch = self._batch
         n = len(plan.tokens)
-        for i in range(n):
-            batch.token[i] = plan.tokens[i]
-            batch.pos[i] = plan.positions[i]
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = plan.seq_ids[i]
-            batch.logits[i] = plan.logits[i]
+        order = range(n)
+        if self.config.deterministic:
+            # With a stream per sequence, llama.cpp puts only runs of consecutive sequence ids in one micro-batch
+            # (each micro-batch reads all the weights): the rows go in seq id order. `_batch_row` maps a plan row to
+            # its batch row for the logits.
+            order = sorted(order, key=plan.seq_ids.__getitem__)
+            self._batch_row = [0] * n
+            for row, i in enumerate(order):
+                self._batch_row[i] = row
+        for row, i in enumerate(order):
+            batch.token[row] = plan.tokens[i]
+            batch.pos[row] = plan.positions[i]
+            batch.n_seq_id[row] = 1
+            batch.seq_id[row][0] = plan.seq_ids[i]
+            batch.logits[row] = plan.logits[i]
         batch.n_tokens = n
         code = llama_cpp.llama_decode(self._ctx, batch)
         if code == 1:
@@ -345,10 +383,11 @@ class LlamaRunner:
         return self._sampling.new_sampler(params)
 
     def sample(self, sampler: Sampler, batch_index: int) -> int:
-        return self._sampling.sample(sampler, batch_index)
+        return self._sampling.sample(sampler, self._batch_row[batch_index] if self._batch_row else batch_index)
 
     def logprobs(self, batch_index: int, token: int, top_n: int) -> TokenLogprob:
-        return self._sampling.logprobs(batch_index, token, top_n)
+        row = self._batch_row[batch_index] if self._batch_row else batch_index
+        return self._sampling.logprobs(row, token, top_n)
 
     # ---- embeddings (engine thread only) -------------------------------------------------------------
 
