@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,21 @@ def test_every_setting_is_a_flag_with_its_environment_variable() -> None:
     for name in Settings.model_fields:
         assert "--" + name.replace("_", "-") in help_text
         assert "EDGE_LLM_" + name.upper() in help_text.replace("\n", "").replace(" ", "")
+
+
+def test_deterministic_mode_takes_a_quantized_kv_cache_and_a_stream_per_sequence(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    plain = settings()
+    assert (plain.stream_cells, plain.kv_cells, plain.sequence_context) == (None, 8192, 8192)
+    det = settings("--deterministic", "--parallel", "4", "--cache-slots", "2", "--ctx-size", "10000")
+    assert det.cache_type_k == det.cache_type_v == "q8_0"  # unless another quantized type is named
+    assert det.stream_cells == det.sequence_context == 1536  # 10000 / 6 = 1666, down to llama.cpp's unit of 256
+    assert det.kv_cells == 6 * 1536  # within --ctx-size, which the memory estimate counts
+    monkeypatch.setenv("EDGE_LLM_CACHE_TYPE_V", "q4_0")
+    assert settings("--deterministic").cache_type_v == "q4_0"
+    for argv, message in ((["--cache-type-k", "f16"], "needs a quantized KV cache: --cache-type-k f16"),
+                          (["--flash-attn", "off"], "needs flash attention"),
+                          (["--ctx-size", "2048"], "raise --ctx-size to at least 4096"),  # 16 sequences of 128
+                          (["--prefix-cache-dir", str(tmp_path)], "--prefix-cache-dir cannot be combined")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            settings("--deterministic", *argv)
