@@ -636,3 +636,40 @@ def test_stats_properties() -> None:
     d.finish(a)
     assert d.s.kv_cells_used == 4 == d.s.active_kv_tokens
     assert d.s.idle()
+
+
+# ---- a KV stream per sequence (--deterministic) -------------------------------------------------------
+
+
+def test_with_a_stream_per_sequence_each_sequence_is_bounded_and_copies_are_its_own_cells() -> None:
+    s = Scheduler(n_ctx=6 * 32, batch_size=64, parallel=2, cache_slots=4, stream_cells=32)
+    d = Driver(s)
+    with pytest.raises(RequestTooLargeError, match="context of 32"):
+        s.add("big", [1] * 30, 3)  # fits the 192 cells, not one stream
+    first = s.add("first", list(range(1, 21)), 4)
+    d.run()
+    assert first in d.finished and len(s.cache) == 1
+    again = s.add("again", list(range(1, 21)) + [99], 2)
+    plan = d.step(finish_at_max=False)
+    copies = [op for op in plan.kv_ops if isinstance(op, KvCopy)]
+    assert copies and copies[-1].dst_seq == again.seq_id and again.cached_tokens == 20
+    # the copy is the destination's own data: the ledger counts the entry's cells and the copy's
+    assert s.kv_cells_used == sum(len(e.tokens) for e in s.cache.values()) + again.n_past
+    d.check_invariants()
+
+
+def test_with_a_stream_per_sequence_entries_move_up_and_running_sequences_keep_adjacent_ids() -> None:
+    s = Scheduler(n_ctx=6 * 64, batch_size=64, parallel=3, cache_slots=3, stream_cells=64)
+    d = Driver(s)
+    a, b, c = (s.add(name, [n] * 10, 8) for n, name in ((1, "a"), (2, "b"), (3, "c")))
+    d.step(finish_at_max=False)
+    assert [q.seq_id for q in (a, b, c)] == [0, 1, 2]
+    d.finish(b)  # its entry moves to the highest free id, a copy of its stream
+    assert list(s.cache) == [5]
+    assert KvCopy(1, 5, b.n_past) in d.flush_ops()
+    new = s.add("new", [4] * 10, 8)
+    d.step(finish_at_max=False)
+    assert new.seq_id == 1  # beside a and c: one micro-batch
+    assert d.kv.seqs[5] == list(s.cache[5].tokens) == b.kv_tokens
+    d.check_invariants()
+    d.check_coherent()

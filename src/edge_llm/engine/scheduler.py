@@ -137,8 +137,23 @@ class Scheduler(OutsideEntries, ChunkMoves):
         self._drop_moved_chunk(sequence)
         if keep_in_cache and sequence.use_cache and self.cache_slots > 0 and sequence.n_past > 0:
             self._insert_cache_entry(CacheEntry(sequence.seq_id, tuple(sequence.kv_tokens)))
+            if self.stream_cells is not None and sequence.seq_id in self.cache:
+                self._move_entry_up(sequence.seq_id)
         else:
             self._release_seq_id(sequence.seq_id)
+
+    def _move_entry_up(self, seq_id: int) -> None:
+        """With a KV stream per sequence llama.cpp batches only consecutive ids together, and sequences are admitted
+        on the lowest free ids: a new cache entry moves to the highest free id (a copy of its stream, a few MB), so the
+        id it leaves goes to the next admission, beside the running ones."""
+        if not self._free_seq_ids or self._free_seq_ids[-1] < seq_id:
+            return
+        entry = self.cache.pop(seq_id)
+        target = self._free_seq_ids.pop()
+        self._pending_ops.append(KvCopy(seq_id, target, len(entry.tokens)))
+        self.ledger.grow(target, len(entry.tokens))
+        self._release_seq_id(seq_id)
+        self.cache[target] = CacheEntry(target, entry.tokens)  # the newest entry still, at the end
 
     def clear_cache(self) -> None:
         while self.cache:
