@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/run_benchmarks.py [--quick] [--skip-peer]
     .venv/bin/python benchmarks/run_benchmarks.py --only structured|real-client|infill [--llama-server PATH]
-    .venv/bin/python benchmarks/run_benchmarks.py --only kv-types|prefix-restart
+    .venv/bin/python benchmarks/run_benchmarks.py --only kv-types|prefix-restart|determinism
 
 In one run, on the same model and thread count:
   (a) raw: the llama-cpp-python decode ceiling, a low-level batched greedy decode loop;
@@ -18,6 +18,8 @@ Writes benchmarks/results/latest.{json,md,png}; server logs go to benchmarks/res
     this repository typed again line by line, each keystroke's request cancelling the last (issue 16);
   speculative: ours --speculative off vs ngram, and llama-server --spec-type ngram-simple, on code edits and
     free prose at 1, 4 (and 8) clients (issue 17);
+  determinism: ours by default vs --deterministic, repeated greedy and seeded probes in a varying load at 1, 4, 8
+    clients: distinct answers and the aggregate throughput cost (issue 18, ours);
   kv-types: memory, decode tok/s and quality against f16 of each KV cache type (--cache-type-k/-v; issue 21, ours);
   prefix-restart: TTFT after a restart with --prefix-cache-dir against warm and cold (issue 21, ours);
 each writes benchmarks/results/PART.{json,md}.
@@ -39,7 +41,7 @@ from pathlib import Path
 
 from suite.plan import RESULTS
 
-PARTS = ("structured", "real-client", "infill", "speculative", "kv-types", "prefix-restart")  # suite/parts.py
+PARTS = ("structured", "real-client", "infill", "speculative", "determinism", "kv-types", "prefix-restart")  # suite/parts.py
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

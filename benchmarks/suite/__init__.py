@@ -12,7 +12,8 @@
 The parts that run alone (`--only PART`, parts.py): structured.py and structured_report.py (issue 14),
 real_client.py (issue 12), keystrokes.py and keystrokes_report.py (infill: the editor's keystroke replay, issue 16),
 speculative.py (speculative decoding: off vs ngram vs llama-server ngram-simple, issue 17),
-kv_types.py (the KV cache types) and prefix_restart.py (the persistent prefix cache across a restart; both issue 21).
+kv_types.py (the KV cache types) and prefix_restart.py (the persistent prefix cache across a restart; both issue 21),
+determinism.py (ours by default vs --deterministic: distinct answers and the throughput cost, issue 18).
 
 Only plan.py and plot.py are imported for `--plot-only`: they need nothing but the standard library
 (and matplotlib).

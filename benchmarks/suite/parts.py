@@ -1,7 +1,7 @@
 """The parts that run alone (`run_benchmarks.py --only PART`): structured outputs (issue 14), the real-client
 workload (issue 12) and the editor's keystroke replay on /infill (issue 16), ours and llama.cpp's llama-server side
 by side when its binary is found (and not --skip-peer); the KV cache types and the persistent prefix cache across a
-restart (issue 21), ours alone. Each writes its own results/PART.{json,md} and leaves
+restart (issue 21) and deterministic mode (issue 18), ours alone. Each writes its own results/PART.{json,md} and leaves
 latest.* to the full run."""
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import edge_llm
 from edge_llm.models.fetch import default_model_path
 
 from . import processes
+from .determinism import DEFAULT as DET_DEFAULT
+from .determinism import DETERMINISTIC, SERVER_FLAGS, determinism_markdown, determinism_targets, run_determinism
 from .keystrokes import PEER_FLAGS as KEYSTROKE_PEER_FLAGS
 from .keystrokes import PEER_PARALLEL, run_keystrokes, workload
 from .keystrokes_report import infill_markdown, keystroke_targets, summarize
@@ -53,7 +55,7 @@ from .structured_report import OURS, PEER, real_client_markdown, structured_mark
 
 logger = logging.getLogger(__name__)
 
-PARTS = ("structured", "real-client", "infill", "speculative", "kv-types", "prefix-restart")
+PARTS = ("structured", "real-client", "infill", "speculative", "determinism", "kv-types", "prefix-restart")
 
 
 def measured_commit() -> str:
@@ -194,6 +196,27 @@ def run_speculative_part(args: argparse.Namespace, plan: Plan, model: Path, bina
     return results
 
 
+def run_determinism_part(args: argparse.Namespace, plan: Plan, model: Path, binary: Path | None) -> dict[str, Any]:
+    """Ours by default and ours --deterministic, both running; the levels go through them one after the other
+    (suite/determinism.py). llama.cpp has no deterministic mode to compare with."""
+    results: dict[str, Any] = {"meta": {**metadata(model, plan, None), "peer_note": "ours only (llama-server has "
+                                        "no deterministic mode)", "server_flags": list(SERVER_FLAGS)}}
+
+    def checkpoint(runs: dict[str, Any]) -> None:
+        results["runs"] = runs
+        results["targets"] = determinism_targets(results)
+        write_part(args.out, "determinism", results)
+
+    with ExitStack() as stack:
+        found: dict[str, tuple[str, int]] = {}
+        for name, flags in ((DET_DEFAULT, ()), (DETERMINISTIC, ("--deterministic",))):
+            running = stack.enter_context(processes.ours(model, RESULTS, *SERVER_FLAGS, *flags,
+                                                         log_name=f"ours-{name.split()[-1].lstrip('-')}.log"))
+            found[name] = (running.url, running.process.pid)
+        checkpoint(run_determinism(found, plan, checkpoint))
+    return results
+
+
 def run_kv_types_part(args: argparse.Namespace, plan: Plan, model: Path, binary: Path | None) -> dict[str, Any]:
     wait_for_quiet("KV cache types", plan.quiet_wait_s)
     results: dict[str, Any] = {"meta": {**metadata(model, plan, None), "peer_note": "ours only"}}
@@ -216,6 +239,7 @@ RUNNERS: dict[str, tuple[Callable[..., dict[str, Any]], Callable[[dict[str, Any]
     "real-client": (run_real_client_part, real_client_markdown),
     "infill": (run_infill_part, infill_markdown),
     "speculative": (run_speculative_part, speculative_markdown),
+    "determinism": (run_determinism_part, determinism_markdown),
     "kv-types": (run_kv_types_part, kv_types_markdown),
     "prefix-restart": (run_prefix_restart_part, prefix_restart_markdown),
 }
