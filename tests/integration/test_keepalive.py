@@ -14,12 +14,15 @@ import pytest
 
 from edge_llm.api.sse import decode_events
 from edge_llm.testing.server import MODEL_ID, RunningServer, run_server
-from tests.helpers import chat_body
+from tests.helpers import chat_body, metric, scrape, wait_for
 
 CHAT = "/v1/chat/completions"
 INTERVAL = 0.2
 KEEPALIVE = b": keep-alive\n\n"
 TIMEOUT = 300
+# Tokens of the answer the queued requests wait behind: the tests end it once they have seen a keep-alive, and it
+# must outlast the queued request's way in (drafting counts fast).
+LONG = 900
 
 
 @pytest.fixture(scope="module")
@@ -46,13 +49,15 @@ def wait_until_decoding(response: httpx.Response) -> Iterator[str]:
 
 def test_a_queued_stream_gets_keep_alive_comments_before_its_first_event(keepalive_server: RunningServer) -> None:
     with httpx.Client(base_url=keepalive_server.url, timeout=TIMEOUT) as http:
-        with http.stream("POST", CHAT, json=long_answer_body(400)) as long_answer:
+        with http.stream("POST", CHAT, json=long_answer_body(LONG)) as long_answer:
             rest = wait_until_decoding(long_answer)
             # The simple body: its first event is the first text piece (an OpenAI stream starts with the role
             # chunk at once), so everything before it was sent while the request waited.
             simple = {"prompt": "Say hi.", "max_tokens": 4, "temperature": 0}
             with http.stream("POST", CHAT, json=simple) as queued:
                 assert queued.status_code == 200  # the headers come at once; the request waits in the queue
+                wait_for(lambda: metric(scrape(keepalive_server), "edge_llm_queue_depth") == 1, TIMEOUT,
+                         "the simple request waiting behind the long answer")
                 raw = b""
                 chunks = queued.iter_raw()
                 while KEEPALIVE not in raw:
@@ -101,7 +106,7 @@ def test_the_openai_sdk_reads_a_stream_with_keep_alive_comments(keepalive_server
     client = openai.OpenAI(base_url=keepalive_server.url + "/v1", api_key="unused", max_retries=0,
                            http_client=httpx.Client(transport=spy, timeout=TIMEOUT))
     with httpx.Client(base_url=keepalive_server.url, timeout=TIMEOUT) as http:
-        with http.stream("POST", CHAT, json=long_answer_body(400)) as long_answer:
+        with http.stream("POST", CHAT, json=long_answer_body(LONG)) as long_answer:
             wait_until_decoding(long_answer)
 
             def leave_once_kept_alive() -> None:

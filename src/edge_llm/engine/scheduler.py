@@ -175,10 +175,9 @@ class Scheduler(OutsideEntries, ChunkMoves):
         for sequence in self.running:
             # The last prompt token is decoded on its own, like a generated one, never inside a prefill
             # chunk, whether the rest of the prompt was computed now or taken from the prefix cache. That
-            # does not make a temperature-0 or seeded answer repeatable: cached KV was computed in another
-            # batch layout and batch mates change this batch, so the logits differ in rounding. Only a
-            # request that runs alone without the prefix cache (--parallel 1 --cache-slots 0) repeats
-            # exactly (docs/architecture.md, Repeatability; issue #18).
+            # alone does not make a temperature-0 or seeded answer repeatable: cached KV was computed in another
+            # batch layout and batch mates change this batch, so the logits differ in rounding, unless the
+            # kernels compute each row alone (--deterministic: docs/architecture.md, Repeatability).
             if sequence.will_decode() and sequence.phase is Phase.PREFILL:
                 sequence.phase = Phase.DECODE
                 sequence.pending_token = sequence.feed[-1]
