@@ -179,6 +179,17 @@ def main() -> None:
         llama_cpp.llama_model_free(model)
 
 
+def beside(c: Ctx, vocab, prompt: list[int], k: int, forced: list[int]) -> list[np.ndarray]:
+    """The target's logits with each decode step shared with k other sequences' rows (in an empty cache)."""
+    c.clear()
+    others = {1 + j: tokenize(vocab, f"Question {j}: list {j + 3} prime numbers and explain.") for j in range(k)}
+
+    def fill() -> None:
+        for s, toks in others.items():
+            c.prefill(toks, s)
+    return c.run(prompt, 0, beside=k, others=others, after_prefill=fill, forced=forced)
+
+
 def rows_and_remainders(flash: int, repack: bool, unified: bool) -> None:
     """How many rows beside, small prefill remainders after a cached prefix, and the KV of generated tokens
     (decoded one a step) against the same tokens prefilled in one batch."""
@@ -193,14 +204,7 @@ def rows_and_remainders(flash: int, repack: bool, unified: bool) -> None:
     forced = [int(np.argmax(x)) for x in ref]
     print(f"flash={flash} repack={repack} unified={unified}")
     for k in (4, 5, 6, 7, 8):
-        c.clear()
-        others = {1 + j: tokenize(vocab, f"Question {j}: list {j + 3} prime numbers and explain.") for j in range(k)}
-
-        def fill() -> None:
-            for s, toks in others.items():
-                c.prefill(toks, s)
-        got = c.run(prompt, 0, beside=k, others=others, after_prefill=fill, forced=forced)
-        print(f"  beside-{k}: {compare(ref, got)}", flush=True)
+        print(f"  beside-{k}: {compare(ref, beside(c, vocab, prompt, k, forced))}", flush=True)
     for rem in (1, 2, 3, 4, 5, 8, 17):
         c.clear()
         cut = len(prompt) - rem
@@ -268,14 +272,7 @@ def long_and_drafted(flash: int, repack: bool, unified: bool) -> None:
     print(f"flash={flash} repack={repack} unified={unified} kv={'q8_0' if KV_TYPE == llama_cpp.GGML_TYPE_Q8_0 else 'f16'} "
           f"prompt {len(prompt)} tokens", flush=True)
     for k in (1, 3):
-        c.clear()
-        others = {1 + j: tokenize(vocab, f"Question {j}: list {j + 3} prime numbers and explain.") for j in range(k)}
-
-        def fill() -> None:
-            for s, toks in others.items():
-                c.prefill(toks, s)
-        got = c.run(prompt, 0, beside=k, others=others, after_prefill=fill, forced=forced)
-        print(f"  beside-{k}: {compare(ref, got)}", flush=True)
+        print(f"  beside-{k}: {compare(ref, beside(c, vocab, prompt, k, forced))}", flush=True)
     c.clear()
     print(f"  chunked64: {compare(ref, c.run(prompt, 0, chunk=64, forced=forced))}", flush=True)
     c.clear()
