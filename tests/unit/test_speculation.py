@@ -14,7 +14,6 @@ from edge_llm.engine.drafting import NGRAM_SIZES, Draft, NgramDrafter
 from edge_llm.engine.kv_ledger import KvLedger
 from edge_llm.engine.speculation import (
     FIRST_DRAFT,
-    PROBE_DRAFT,
     MAX_DRAFT_ROWS,
     PRIOR_RATE,
     GATE_ALONE,
@@ -397,17 +396,3 @@ def test_followers_sharing_a_prompt_each_draft_their_own_answer() -> None:
         assert text_of(events) == "".join(f"<{t}>" for t in expected if t != EOG)
         assert last(events).timings["draft_n_accepted"] > 0
     assert any(len({s for s in plan.seq_ids}) == 2 and len(plan.tokens) > 2 for plan in runner.plans)
-
-
-def test_a_recovered_rate_probes_with_one_token_until_a_draft_is_accepted() -> None:
-    speculation = Speculation()
-    history = list(range(40)) + list(range(10))
-    ngram = speculation.propose(history, limit=32).ngram
-    rate = speculation.rate_of(ngram)
-    rate.update(reached=1, accepted=0)
-    while rate.rate < GATE_ALONE:
-        rate.recover()
-    probe = speculation.propose(history, limit=32)
-    assert probe is not None and len(probe.tokens) == PROBE_DRAFT
-    rate.update(reached=1, accepted=1)  # the probe was right: drafts are the cost model's again
-    assert len(speculation.propose(history, limit=32).tokens) > PROBE_DRAFT

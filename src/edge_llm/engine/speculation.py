@@ -55,12 +55,9 @@ PRIOR_WEIGHT = 2.0
 # beside other sequences, 94% paid (code, 4 clients, 1.51x) and 74-83% did not (prose at 4 and 8 clients, 0.88x).
 GATE_ALONE = 0.8
 GATE_BATCHED = 0.9
-# A gated rate drifts back towards the prior by this factor a step, so a sequence tries again after ~70 tokens (its
-# text may have turned into something it can predict, e.g. code after an explanation), with a draft of PROBE_DRAFT
-# tokens until one is accepted. 0.97 (~30 tokens) and 2-token retries lost 10% on free JSON at one client in a fast
-# spell of the machine (1 Dec, 00:02 UTC: a draft row cost 0.66 of a step there, 0.42 in a slow one).
-RECOVERY = 0.985
-PROBE_DRAFT = 1
+# A gated rate drifts back towards the prior by this factor a step, so a sequence tries again after ~90 tokens (its
+# text may have turned into something it can predict, e.g. code after an explanation).
+RECOVERY = 0.97
 # A rate that is still the prior alone drafts this many tokens at most: a first guess that fails costs two rows, not
 # the five the prior's cost model would verify (free JSON's first guesses fail; code's pass, and it drafts longer from
 # its next step).
@@ -74,7 +71,6 @@ class AcceptanceRate:
     accepted: float = PRIOR_RATE * PRIOR_WEIGHT
     reached: float = PRIOR_WEIGHT
     verified: int = 0  # positions ever verified: 0 means the rate is the prior alone
-    gated: bool = False  # it fell under a gate and is recovering: its drafts are probes until one is accepted
 
     @property
     def rate(self) -> float:
@@ -85,17 +81,14 @@ class AcceptanceRate:
             self.accepted = self.accepted * DECAY + (1.0 if position < accepted else 0.0)
             self.reached = self.reached * DECAY + 1.0
         self.verified += reached
-        if accepted:
-            self.gated = False
 
     def recover(self) -> None:
         """One step without drafting: the rate moves a little towards the prior (its weight stays)."""
         prior = PRIOR_RATE * self.reached
         self.accepted = prior + (self.accepted - prior) * RECOVERY
-        self.gated = True
 
     def copy(self) -> AcceptanceRate:
-        return AcceptanceRate(self.accepted, self.reached, self.verified, self.gated)
+        return AcceptanceRate(self.accepted, self.reached, self.verified)
 
 
 def gate(decode_rows: int) -> float:
@@ -131,11 +124,8 @@ class Speculation:
     def propose(self, history: list[int], limit: int) -> Draft | None:
         self.drafter.sync(history)
         draft = self.drafter.propose(min(limit, MAX_DRAFT))
-        if draft is not None:
-            rate = self.rate_of(draft.ngram)
-            most = PROBE_DRAFT if rate.gated else FIRST_DRAFT if not rate.verified else MAX_DRAFT
-            if len(draft.tokens) > most:
-                draft = Draft(draft.tokens[:most], draft.ngram)
+        if draft is not None and not self.rate_of(draft.ngram).verified and len(draft.tokens) > FIRST_DRAFT:
+            draft = Draft(draft.tokens[:FIRST_DRAFT], draft.ngram)
         self.candidate = draft
         return draft
 
