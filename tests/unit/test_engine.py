@@ -20,6 +20,7 @@ from edge_llm.engine.types import (
     OutOfCellsError,
     QueueFullError,
     SamplingParams,
+    StepAbortedError,
     TextDelta,
 )
 from edge_llm.engine.worker import Engine
@@ -66,6 +67,7 @@ class FakeRunner:
         self._decode_calls = 0
         self._decoding = False
         self.close_thread: str | None = None
+        self.abort_flag = False
         self.closed_during_decode: bool | None = None
 
     # ---- test controls ----
@@ -89,6 +91,12 @@ class FakeRunner:
             assert self._cond.wait_for(lambda: self._entered >= n, TIMEOUT), f"decode #{n} never came"
 
     # ---- the Runner protocol ----
+    def arm_abort(self) -> None:
+        self.abort_flag = False
+
+    def abort_step(self) -> None:
+        self.abort_flag = True
+
     def decode(self, plan: StepPlan) -> None:
         self._decoding = True
         try:
@@ -107,6 +115,8 @@ class FakeRunner:
         error = self.fail_decode(self._decode_calls)
         if error is not None:
             raise error
+        if self.abort_flag:  # as llama.cpp: the batch's cells are not kept
+            raise StepAbortedError("stopped")
         self.kv.decode(plan, self.batch_size)
         self.plans.append(plan)
         self._last_plan = plan
@@ -382,6 +392,50 @@ def test_preempted_requests_stream_every_token_once_and_report_the_recompute(mak
     assert engine.stats().kv_cells_used == 0
 
 
+def test_a_step_whose_every_request_is_cancelled_stops_and_is_taken_back(make_engine) -> None:
+    """An editor's stale completion is cancelled while its step decodes: the decode stops (llama.cpp keeps none of
+    its cells), the sequence lets that step's positions go, and its cache entry is what the KV cache holds, so the
+    next keystroke's request finds its prefix."""
+    runner = FakeRunner({1: [10, 11, 12, 13, 14, 15], 2: [20, 21, EOG]}).gated()
+    engine = make_engine(runner, parallel=2, cache_slots=2)
+
+    async def main():
+        stale = submit(engine, request("stale", 1, prompt=[1, 2, 3, 4, 5, 6], max_tokens=6))
+        runner.allow(3)
+        runner.wait_blocked(4)  # its fourth step decodes (the prompt, then three tokens)
+        engine.abort("stale")
+        runner.allow(1)  # that decode finds the flag set and stops
+        nxt = submit(engine, request("next", 2, prompt=[1, 2, 3, 4, 5, 6, 7, 8]))  # after the abort in the inbox
+        runner.open()
+        return await collect(stale), await collect(nxt)
+
+    stale, nxt = asyncio.run(main())
+    assert last(stale).reason is FinishReason.CANCELLED
+    assert last(nxt).reason is FinishReason.STOP and text_of(nxt) == "<20><21>"
+    assert engine.stats().aborted_steps == 1
+    entry = next(iter(engine._scheduler.cache.values()))
+    assert runner.kv.seqs[entry.seq_id] == list(entry.tokens)  # the entry holds what the KV cache holds
+    assert last(nxt).usage.cached_tokens == 6
+
+
+def test_a_step_with_a_request_still_wanted_runs_to_its_end(make_engine) -> None:
+    runner = FakeRunner({1: [10] * 8, 2: [20, 21, 22, EOG]}).gated()
+    engine = make_engine(runner, parallel=2)
+
+    async def main():
+        a = submit(engine, request("a", 1, max_tokens=8))
+        b = submit(engine, request("b", 2))
+        runner.allow(2)
+        runner.wait_blocked(3)  # both decode in this step
+        engine.abort("a")
+        runner.open()
+        return await collect(a), await collect(b)
+
+    a, b = asyncio.run(main())
+    assert last(a).reason is FinishReason.CANCELLED
+    assert text_of(b) == "<20><21><22>" and engine.stats().aborted_steps == 0
+
+
 def test_queue_capacity_raises_queue_full(make_engine) -> None:
     runner = FakeRunner({1: [10] * 50, 2: [EOG], 3: [EOG], 4: [EOG]}).gated()
     engine = make_engine(runner, parallel=1, queue_capacity=2)
@@ -454,7 +508,7 @@ def test_abort_during_prefill_frees_the_sequence(make_engine) -> None:
     assert events == [last(events)]
     assert events[0].reason is FinishReason.CANCELLED
     assert events[0].usage.completion_tokens == 0
-    assert len(runner.plans) == 1 and runner.plans[0].samples == []
+    assert runner.plans == [] and engine.stats().aborted_steps == 1  # its prefill decode was stopped, not finished
     _wait_for(lambda: KvRemove(seq_id) in runner.kv.log)
     assert engine._scheduler.idle()
     assert sorted(engine._scheduler._free_seq_ids) == list(range(engine._scheduler.n_seq_max))
@@ -480,8 +534,8 @@ def test_abort_during_decode_frees_the_sequence(make_engine) -> None:
     seq_id, events = asyncio.run(main())
     finished = last(events)
     assert finished.reason is FinishReason.CANCELLED
-    assert text_of(events) == "<10><11><12><13>"
-    assert finished.usage.completion_tokens == 4
+    assert text_of(events) == "<10><11><12>"  # the 5th decode was stopped: nothing after the abort is sampled
+    assert finished.usage.completion_tokens == 3
     _wait_for(lambda: KvRemove(seq_id) in runner.kv.log)
     assert engine._scheduler.idle()
     assert engine.stats().running == 0

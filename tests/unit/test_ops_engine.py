@@ -44,6 +44,12 @@ class SlowRunner:
     def decode(self, plan: StepPlan) -> None:
         time.sleep(self.step)
 
+    def arm_abort(self) -> None:  # its steps are short: a cancelled one runs to its end
+        pass
+
+    def abort_step(self) -> None:
+        pass
+
     def new_sampler(self, params: SamplingParams) -> _Sampler:
         return _Sampler()
 

@@ -241,6 +241,8 @@ class _LiveCollector(Collector):
             yield events
         yield CounterMetricFamily("edge_llm_preemptions", "Running sequences put back in the queue to free KV "
                                   "cells (they resume by recomputing).", value=stats.preemptions)
+        yield CounterMetricFamily("edge_llm_aborted_steps", "Decode steps stopped part-way because every request "
+                                  "in them was cancelled (an editor's stale completion).", value=stats.aborted_steps)
         evictions = CounterMetricFamily("edge_llm_prefix_cache_evictions", "Prefix-cache entries dropped, by reason.",
                                         labels=["reason"])
         for reason, count in stats.evictions.items():

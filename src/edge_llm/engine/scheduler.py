@@ -214,7 +214,27 @@ class Scheduler(OutsideEntries, ChunkMoves):
             self._reach_moved_chunk(sequence, self._after_decode_ops)
             plan.prefilled_tokens += len(chunk)
             room -= len(chunk)
+        plan.undoable = not self._after_decode_ops
         return plan
+
+    def undo_step(self, plan: StepPlan) -> None:
+        """The step's decode was stopped part-way (every request in it was cancelled): its rows were each sequence's
+        last positions, and llama.cpp keeps none of them, or only those of the micro-batches it finished; each
+        sequence lets them go, so what it holds, and the cache entry it becomes, is what the KV cache holds."""
+        assert plan.undoable, "a step whose moved chunk follows its decode cannot be taken back"
+        rows: dict[int, int] = {}
+        for seq_id in plan.seq_ids:
+            rows[seq_id] = rows.get(seq_id, 0) + 1
+        for sequence in self.running:
+            count = rows.get(sequence.seq_id, 0)
+            if not count:
+                continue
+            sequence.n_past -= count
+            del sequence.kv_tokens[sequence.n_past:]
+            self.ledger.shrink(sequence.seq_id, count)
+            self._pending_ops.append(KvTrim(sequence.seq_id, sequence.n_past))
+            if sequence.speculation is not None:
+                sequence.speculation.in_flight = ()
 
     def on_sampled(self, sequence: Sequence, token: int) -> None:
         """The engine sampled `token` for `sequence`; it is decoded in the next step."""

@@ -63,6 +63,9 @@ class StepPlan:
     admitted: list[Sequence] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
     prefilled_tokens: int = 0
+    # Its decode may be stopped part-way and the step taken back (Scheduler.undo_step): not when the prefill reached a
+    # moved chunk, whose move follows the decode.
+    undoable: bool = True
 
     @property
     def empty(self) -> bool:

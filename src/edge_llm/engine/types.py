@@ -119,6 +119,7 @@ class EngineStats:
     kv_cells_used: int  # distinct cells held by running and cached sequences (shared prefixes count once)
     kv_cells_total: int
     preemptions: int = 0  # since start: running sequences put back in the queue to free KV cells
+    aborted_steps: int = 0  # since start: decode steps stopped part-way, every request in them cancelled
     evictions: dict[str, int] = field(default_factory=dict)  # since start: prefix-cache entries dropped, by reason
     drafted_tokens: int = 0  # since start: draft tokens verified (speculative decoding)
     accepted_tokens: int = 0  # … and accepted
@@ -212,6 +213,10 @@ class EngineUnavailableError(EngineError):
 
 class OutOfCellsError(EngineError):
     """The KV cache had no room for a batch (llama_decode returned 1)."""
+
+
+class StepAbortedError(EngineError):
+    """llama_decode stopped part-way because every request in the batch was cancelled (it returned 2)."""
 
 
 class EmbeddingUnavailableError(EngineError):

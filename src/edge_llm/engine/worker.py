@@ -36,6 +36,7 @@ from edge_llm.engine.types import (
     OutOfCellsError,
     QueueFullError,
     SamplingExhausted,
+    StepAbortedError,
     TextDelta,
     TokenLogprob,
     Usage,
@@ -79,6 +80,8 @@ class Engine:
         self._closed = False
         self._close_hooks = CloseHooks()
         self._waiting_ids: set[str] = set()  # submitted, not yet admitted (bounded by queue_capacity)
+        self._step_requests: set[str] | None = None  # the requests of the decode in progress, while it may be stopped
+        self.aborted_steps = 0
         self._active: dict[str, ActiveRequest] = {}  # engine thread only
         self._embeddings = EmbeddingQueue()  # engine thread only
         self._outbox = Outbox()  # engine thread only: flushed once a step
@@ -160,6 +163,14 @@ class Engine:
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))
+        with self._lock:
+            # The last request of a decode in progress is cancelled (an editor's stale completion, a Stop button):
+            # the decode stops at its next graph node instead of computing rows nobody will read.
+            live = self._step_requests
+            if live and request_id in live:
+                live.discard(request_id)
+                if not live and self.runner is not None:
+                    self.runner.abort_step()
 
     def kill_for_test(self) -> None:
         """Test hook: makes the engine thread die as if llama.cpp had failed."""
@@ -176,6 +187,7 @@ class Engine:
             kv_cells_used=scheduler.kv_cells_used,
             kv_cells_total=scheduler.n_ctx,
             preemptions=scheduler.preemptions,
+            aborted_steps=self.aborted_steps,
             evictions=dict(scheduler.evictions),
             **scheduler.speculation.figures(),
             kv_bytes_per_cell=self.kv_bytes_per_cell,
@@ -257,8 +269,7 @@ class Engine:
                             sequence.generated, scheduler.free_cells, scheduler.n_ctx,
                             extra={"request_id": sequence.request_id})
             self.runner.apply_kv_ops(plan.kv_ops)
-            if not plan.empty:
-                self._decode(plan)
+            if not plan.empty and self._decode(plan):
                 drafts = {id(sequence): rows for sequence, rows in plan.drafts}
                 for sequence, batch_index in plan.samples:
                     active = self._active.get(sequence.request_id)
@@ -372,7 +383,14 @@ class Engine:
                         phase_name(active.sequence), extra={"request_id": request_id})
             self._finish(active, FinishReason.TIMEOUT)
 
-    def _decode(self, plan: StepPlan) -> None:
+    def _decode(self, plan: StepPlan) -> bool:
+        """Decodes the step's batch; False when it was stopped because every request in it was cancelled (the step
+        is taken back: the cancellations, in the inbox, end the requests next)."""
+        if plan.undoable:
+            requests = {s.request_id for s in self._scheduler.running if s.seq_id in set(plan.seq_ids)}
+            with self._lock:
+                self.runner.arm_abort()
+                self._step_requests = requests
         try:
             self.runner.decode(plan)
         except OutOfCellsError:
@@ -381,6 +399,15 @@ class Engine:
             self._scheduler.clear_cache()
             self.runner.apply_kv_ops(self._scheduler.take_pending_ops())
             self.runner.decode(plan)
+        except StepAbortedError:
+            self._scheduler.undo_step(plan)
+            self.aborted_steps += 1
+            logger.debug("decode stopped: every request in it was cancelled")
+            return False
+        finally:
+            with self._lock:
+                self._step_requests = None
+        return True
 
     def _on_token(self, active: ActiveRequest, token: int) -> None:
         sequence = active.sequence

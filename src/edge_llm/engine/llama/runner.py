@@ -32,6 +32,7 @@ from edge_llm.engine.types import (
     ModelInfo,
     OutOfCellsError,
     SamplingParams,
+    StepAbortedError,
     TokenLogprob,
 )
 
@@ -120,6 +121,13 @@ class _LoadProgress:
         return True
 
 
+# llama.cpp asks an abort callback after every node of a decode's graph (on its first compute thread). A Python callback
+# would take the GIL hundreds of times a step; libc's strlen on a two-byte flag is the same test in C: true once the
+# flag's first byte is set (`abort_step`), false while it is 0.
+_STRLEN_ADDRESS = ctypes.cast(ctypes.CDLL(None).strlen, ctypes.c_void_p).value
+_ABORT_CHECK = llama_cpp.ggml_abort_callback(_STRLEN_ADDRESS)
+
+
 # ggml-cpu's tiled K-quant matmul (8 rows and more) rounds otherwise than its kernels for fewer rows, so a row's
 # logits would depend on how many rows its step has. ggml reads the switch once, at its first matrix product: the
 # runner sets it before its first decode, and it holds for the process (--deterministic is server-wide).
@@ -165,6 +173,8 @@ class LlamaRunner:
                 "does not support: see the lines of edge_llm.llama_cpp above)"
             )
         self._memory = llama_cpp.llama_get_memory(self._ctx)
+        self._abort_flag = ctypes.create_string_buffer(2)
+        llama_cpp.llama_set_abort_callback(self._ctx, _ABORT_CHECK, ctypes.cast(self._abort_flag, ctypes.c_void_p))
         self._batch = llama_cpp.llama_batch_init(config.n_batch, 0, 1)
         self._n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self._pieces: dict[int, bytes] = {}
@@ -363,8 +373,18 @@ class LlamaRunner:
         code = llama_cpp.llama_decode(self._ctx, batch)
         if code == 1:
             raise OutOfCellsError("no KV cells free for this batch")
+        if code == 2:
+            raise StepAbortedError("the decode was stopped: every request in it was cancelled")
         if code != 0:
             raise DecodeError(code)
+
+    def arm_abort(self) -> None:
+        """The next decode runs to its end unless `abort_step` is called (engine thread, before the decode)."""
+        self._abort_flag[0] = 0
+
+    def abort_step(self) -> None:
+        """Stops the decode in progress at its next graph node (any thread); it raises StepAbortedError."""
+        self._abort_flag[0] = 1
 
     def _compile_grammar(self, grammar: str) -> llama_cpp.llama_sampler_p | None:
         handle = llama_cpp.llama_sampler_init_grammar(self._vocab, grammar.encode("utf-8"), b"root")
