@@ -386,11 +386,13 @@ class Engine:
     def _decode(self, plan: StepPlan) -> bool:
         """Decodes the step's batch; False when it was stopped because every request in it was cancelled (the step
         is taken back: the cancellations, in the inbox, end the requests next)."""
-        if plan.undoable:
-            requests = {s.request_id for s in self._scheduler.running if s.seq_id in set(plan.seq_ids)}
-            with self._lock:
-                self.runner.arm_abort()
-                self._step_requests = requests
+        # The flag is cleared before every decode (an abort that came after the last one ended must not stop this
+        # one); only an undoable step publishes its requests, so only it can be stopped.
+        requests = ({s.request_id for s in self._scheduler.running if s.seq_id in set(plan.seq_ids)}
+                    if plan.undoable else None)
+        with self._lock:
+            self.runner.arm_abort()
+            self._step_requests = requests
         try:
             self.runner.decode(plan)
         except OutOfCellsError:
