@@ -157,3 +157,45 @@ def test_a_keystroke_in_the_typed_line_appends_to_the_cached_prompt(server: Runn
     assert timings["prompt_n"] <= 6, timings  # the typed tokens (the last of the line before may be re-split)
     assert timings["cache_n"] + timings["prompt_n"] == typed["tokens_evaluated"]
     assert not any(spelling in typed["content"] for spelling in CONTROL_SPELLINGS)
+
+
+# Twelve finished lines: the first block of eight is the prefix, the lines after it open the middle.
+BLOCK_HEAD = "import math\n\n\n" + "".join(f"x{i} = math.sqrt({i})\n" for i in range(9))
+
+
+def moved_tokens(server: RunningServer) -> float:
+    return metric(scrape(server), "edge_llm_moved_prompt_tokens_total")
+
+
+def test_a_new_line_within_a_block_of_lines_appends_and_moves_nothing(server: RunningServer) -> None:
+    """The lines typed since the last block of eight began stay in the middle: finishing a line and starting the
+    next adds tokens at the end of the cached prompt, and no cached key is moved (llama.cpp re-rotates every cell
+    of the cache to move one chunk)."""
+    typed = "total = x0 + x1"
+    first = infill(server, input_prefix=BLOCK_HEAD, prompt=typed, input_suffix=FILE_TAIL, n_predict=4)
+    assert first.status_code == 200, first.text
+    moved = moved_tokens(server)
+    next_line = infill(server, input_prefix=BLOCK_HEAD + typed + "\n", prompt="", input_suffix=FILE_TAIL,
+                       n_predict=4).json()
+    timings = next_line["timings"]
+    assert next_line["tokens_evaluated"] > 250
+    assert timings["prompt_n"] <= 4, timings  # the newline (the line's last token may be re-split)
+    assert moved_tokens(server) == moved
+
+
+def test_the_line_that_begins_a_block_moves_the_rest_of_the_file_once(server: RunningServer) -> None:
+    """At the block's end the middle's lines join the prefix: they are computed again before the suffix, whose
+    cached keys are moved after them, not recomputed; the new block's first lines then append again."""
+    head = BLOCK_HEAD + "".join(f"y{i} = x{i} * 2\n" for i in range(3))  # 15 finished lines
+    first = infill(server, input_prefix=head, prompt="z = y0", input_suffix=FILE_TAIL, n_predict=4)
+    assert first.status_code == 200, first.text
+    moved = moved_tokens(server)
+    crossing = infill(server, input_prefix=head + "z = y0\n", prompt="", input_suffix=FILE_TAIL, n_predict=4).json()
+    suffix_tokens = len(httpx.post(server.url + "/tokenize", json={"content": FILE_TAIL}).json()["tokens"])
+    moved_at_crossing = moved_tokens(server)
+    assert moved_at_crossing - moved >= suffix_tokens - 8
+    assert crossing["timings"]["prompt_n"] < suffix_tokens / 2, crossing["timings"]
+    after = infill(server, input_prefix=head + "z = y0\nw = z\n", prompt="", input_suffix=FILE_TAIL,
+                   n_predict=4).json()
+    assert after["timings"]["prompt_n"] <= 8, after["timings"]
+    assert moved_tokens(server) == moved_at_crossing

@@ -6,7 +6,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edge_llm.engine.types import FimTokens
-from edge_llm.prompting.fim import FIM_WINDOW, EditorCut, ExtraFile, infill_prompt, suffix_echo_stop
+from edge_llm.prompting.fim import (
+    BLOCK_LINES,
+    BLOCK_TOKENS,
+    FIM_WINDOW,
+    EditorCut,
+    ExtraFile,
+    cursor_line_split,
+    infill_prompt,
+    suffix_echo_stop,
+)
 
 PRE, SUF, MID, REP, SEP = 1001, 1002, 1003, 1004, 1005
 QWEN_LIKE = FimTokens(PRE, SUF, MID, repo=REP, file_sep=SEP)
@@ -71,7 +80,7 @@ def test_repository_context_is_cut_to_what_the_context_leaves_keeping_its_newest
     extra = [ExtraFile(f"f{i}.py", "x" * 1000) for i in range(10)]
     tokens = infill_prompt(chars, QWEN_LIKE, prefix="a", suffix="b", extra=extra, n_predict=100, n_ctx=4096)
     head = tokens[:tokens.index(PRE)]
-    assert len(head) == 4096 - FIM_WINDOW - 2 * 100
+    assert len(head) == 4096 - FIM_WINDOW - BLOCK_TOKENS - 2 * 100
     assert text_of(head).endswith("<SEP>filename\n")
 
 
@@ -132,3 +141,39 @@ def test_editor_cut_sends_a_prefix_of_the_text_and_holds_nothing_back_in_the_end
     assert whole.startswith(sent)
     if not cut.cut:
         assert sent == whole
+
+
+def lines(count: int, width: int = 12) -> str:
+    return "".join(f"    v{i} = {i}".ljust(width) + "\n" for i in range(count))
+
+
+FILE_END = dict(suffix="\nprint(main())\n" * 50, n_predict=32, n_ctx=8192)
+
+
+def test_a_new_line_within_a_block_appends_to_the_previous_prompt() -> None:
+    typed_line = "    total = v0 + v1"
+    before = infill_prompt(chars, QWEN_LIKE, prefix=lines(BLOCK_LINES + 2), prompt=typed_line, **FILE_END)
+    after = infill_prompt(chars, QWEN_LIKE, prefix=lines(BLOCK_LINES + 2) + typed_line + "\n", prompt="    ",
+                          **FILE_END)
+    assert after[:len(before)] == before
+
+
+def test_the_middle_opens_after_the_last_finished_block() -> None:
+    tokens = infill_prompt(chars, QWEN_LIKE, prefix=lines(2 * BLOCK_LINES + 3), prompt="    x", **FILE_END)
+    text = text_of(tokens)
+    assert text[text.index("<PRE>") + 5:text.index("<SUF>")] == lines(2 * BLOCK_LINES)
+    assert text[text.index("<MID>") + 5:] == lines(2 * BLOCK_LINES + 3)[len(lines(2 * BLOCK_LINES)):] + "    x"
+
+
+def test_within_the_first_block_and_after_a_long_block_the_middle_opens_at_the_cursors_line() -> None:
+    short = text_of(infill_prompt(chars, QWEN_LIKE, prefix=lines(3), prompt="    x", **FILE_END))
+    assert short.endswith("<MID>    x")
+    wide = BLOCK_TOKENS // 2  # two finished lines of the block pass BLOCK_TOKENS
+    long_block = text_of(infill_prompt(chars, QWEN_LIKE, prefix=lines(BLOCK_LINES + 3, wide), prompt="    x",
+                                       **FILE_END))
+    assert long_block.endswith("<MID>    x")
+
+
+def test_v1_completions_text_puts_the_cursors_line_in_the_middle() -> None:
+    assert cursor_line_split("def f():\n    ret") == ("def f():\n", "    ret")
+    assert cursor_line_split("x = ") == ("x = ", "")

@@ -80,7 +80,8 @@ class Recorder:
         with self.lock:
             self.calls.append((name, args))
 
-    def request_admitted(self, request_id: str, queue_wait: float, prompt_tokens: int, cached_tokens: int) -> None:
+    def request_admitted(self, request_id: str, queue_wait: float, prompt_tokens: int, cached_tokens: int,
+                         moved_tokens: int) -> None:
         self._add("admitted", request_id, prompt_tokens, cached_tokens)
 
     def first_token(self, request_id: str, at: float, since_submit: float) -> None:

@@ -94,6 +94,10 @@ class Metrics:
         self.cached_prompt_tokens = Counter(
             "edge_llm_cached_prompt_tokens", "Prompt tokens served from the prefix cache.", registry=r,
         )
+        self.moved_prompt_tokens = Counter(
+            "edge_llm_moved_prompt_tokens", "Cached prompt tokens whose KV was moved to new positions first "
+            "(--cache-reuse: the rest of a file after an edit).", registry=r,
+        )
         self.generated_tokens = Counter(
             "edge_llm_generated_tokens", "Tokens generated.", registry=r,
         )

@@ -70,12 +70,15 @@ class EngineTelemetry:
         self._model_generated = metrics.model_generated_tokens.labels(model)
         self._model = model
 
-    def request_admitted(self, request_id: str, queue_wait: float, prompt_tokens: int, cached_tokens: int) -> None:
+    def request_admitted(self, request_id: str, queue_wait: float, prompt_tokens: int, cached_tokens: int,
+                         moved_tokens: int) -> None:
         metrics = self._metrics
         metrics.queue_wait.observe(queue_wait)
         metrics.prompt_tokens.inc(prompt_tokens)
         if cached_tokens:
             metrics.cached_prompt_tokens.inc(cached_tokens)
+        if moved_tokens:
+            metrics.moved_prompt_tokens.inc(moved_tokens)
 
     def first_token(self, request_id: str, at: float, since_submit: float) -> None:
         self._metrics.ttft.observe(since_submit)

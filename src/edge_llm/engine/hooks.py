@@ -12,8 +12,10 @@ from edge_llm.engine.types import FinishReason, Usage
 
 
 class EngineObserver(Protocol):
-    def request_admitted(self, request_id: str, queue_wait: float, prompt_tokens: int, cached_tokens: int) -> None:
-        """A waiting request got a sequence after `queue_wait` seconds in the queue."""
+    def request_admitted(self, request_id: str, queue_wait: float, prompt_tokens: int, cached_tokens: int,
+                         moved_tokens: int) -> None:
+        """A waiting request got a sequence after `queue_wait` seconds in the queue; `moved_tokens` of its
+        `cached_tokens` were moved to new positions (--cache-reuse)."""
 
     def first_token(self, request_id: str, at: float, since_submit: float) -> None:
         """The first token was sampled at monotonic time `at`, `since_submit` seconds after submission."""

@@ -33,6 +33,7 @@ class Sequence:
     seq_id: int = -1
     n_past: int = 0  # positions of this sequence already in the KV cache
     cached_tokens: int = 0  # prompt positions reused from the prefix cache (at the first admission)
+    moved_tokens: int = 0  # of those, positions whose KV was moved there from others (--cache-reuse)
     output: list[int] = field(default_factory=list)  # the tokens sampled so far
     pending_token: int | None = None  # sampled, not yet decoded
     # What the KV must hold before the next sample: the prompt, or after a preemption the prompt and

@@ -262,7 +262,7 @@ class Engine:
                     self._waiting_ids.discard(sequence.request_id)
                 if observer is not None:
                     observer.request_admitted(sequence.request_id, now - active.submitted_at, len(sequence.prompt),
-                                              sequence.cached_tokens)
+                                              sequence.cached_tokens, sequence.moved_tokens)
             for sequence in plan.preempted:
                 self._active[sequence.request_id].preempted_at = now
                 logger.info("preempted after %d tokens to free KV cells (%d free of %d); it resumes first",

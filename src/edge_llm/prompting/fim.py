@@ -1,15 +1,19 @@
 """Fill-in-the-middle: the prompt an editor's completion request becomes, and where the completion ends.
 
 The layout is llama-server's (`format_prompt_infill`), the repository-level pattern the Qwen2.5-Coder report
-trained for (arXiv 2409.12186), with one change — the line typed so far (`prompt`) opens the middle instead of
-closing the prefix:
+trained for (arXiv 2409.12186), with one change — the text before the cursor is split where a block of lines
+begins, and what follows that line (the block's lines typed so far, then `prompt`, the line typed so far) opens the
+middle instead of closing the prefix:
 
-    [FIM_REP]myproject\\n [FIM_SEP]name0\\n text0 … [FIM_SEP]filename\\n [FIM_PRE]prefix [FIM_SUF]suffix [FIM_MID]prompt
+    [FIM_REP]myproject\\n [FIM_SEP]name0\\n text0 … [FIM_SEP]filename\\n [FIM_PRE]prefix [FIM_SUF]suffix [FIM_MID]block
 
 The model reads the same text in the same order (prefix, suffix, then the middle as far as it is known) and
-continues the middle either way, but each keystroke in a line now only appends to the previous request's prompt:
-the prefix cache serves everything before it, with no chunk to move and no keys to re-rotate (llama-server puts
-`prompt` before the suffix, so every keystroke changes its prompt in the middle). Every text is tokenized as plain
+continues the middle either way, but each keystroke, and each new line within a block, now only appends to the
+previous request's prompt: the prefix cache serves everything before it, with no chunk to move and no keys to
+re-rotate (llama-server puts `prompt` before the suffix, so every keystroke changes its prompt in the middle; and
+llama.cpp re-rotates every cell of the KV cache to move one chunk: ~40 ms at 8,192 cells here). Blocks are counted
+from the prefix's first line, so they stay put as lines are typed; once a block's finished lines pass
+`BLOCK_TOKENS`, the middle opens at the cursor's line, as with no blocks. Every text is tokenized as plain
 text, so code that happens to contain "<|fim_middle|>" stays text. The prefix keeps its last 3/4 of the window and
 the suffix its first 1/4; the repository context fills what is left of the context before them, its newest tokens
 first.
@@ -28,6 +32,8 @@ REPO_NAME = "myproject"
 CURRENT_FILE = "filename"
 SNIPPET_SEPARATOR = "\n\n--- snippet ---\n\n"  # for models without a file separator token
 FENCE = "```"
+BLOCK_LINES = 8  # a new line moves the suffix's keys once in this many lines
+BLOCK_TOKENS = 256  # most tokens of finished lines the middle carries
 
 
 @dataclass(frozen=True)
@@ -40,7 +46,8 @@ def infill_prompt(tokenize: Callable[[str], list[int]], fim: FimTokens, *, prefi
                   prompt: str = "", extra: Sequence[ExtraFile] = (), n_predict: int, n_ctx: int,
                   bos: int | None = None) -> list[int]:
     """The prompt tokens of one fill-in-the-middle request (`tokenize`: plain text, no special tokens)."""
-    prompt_tokens = tokenize(prompt) if prompt else []
+    prefix, middle = split_before_cursor(tokenize, prefix + prompt, fallback=len(prefix))
+    prompt_tokens = tokenize(middle) if middle else []
     prefix_tokens = tokenize(prefix) if prefix else []
     suffix_tokens = tokenize(suffix) if suffix else []
     prefix_take = min(len(prefix_tokens), 3 * (FIM_WINDOW // 4))
@@ -50,9 +57,31 @@ def infill_prompt(tokenize: Callable[[str], list[int]], fim: FimTokens, *, prefi
     if bos is not None:
         head.insert(0, bos)
     context = _repository_context(tokenize, fim, extra)
-    room = max(0, n_ctx - FIM_WINDOW - 2 * n_predict)
+    room = max(0, n_ctx - FIM_WINDOW - BLOCK_TOKENS - 2 * n_predict)
     context = context[len(context) - min(room, len(context)):]
     return context + head + tail
+
+
+def cursor_line_split(before: str) -> tuple[str, str]:
+    """The text before the cursor as `/infill`'s prefix and prompt: the cursor's line typed so far is the prompt
+    (on the first line, the prefix holds it), so that keystrokes append (`/v1/completions` with `suffix`)."""
+    line_start = before.rfind("\n") + 1
+    return (before[:line_start], before[line_start:]) if line_start else (before, "")
+
+
+def split_before_cursor(tokenize: Callable[[str], list[int]], before: str, *, fallback: int) -> tuple[str, str]:
+    """(prefix, middle): `before` split after its last line that ends a block of `BLOCK_LINES` lines; at
+    `fallback` within the first block, or when the block's finished lines hold more than `BLOCK_TOKENS` tokens."""
+    finished = before.count("\n")
+    opens = finished - finished % BLOCK_LINES
+    if opens >= BLOCK_LINES:
+        at = 0
+        for _ in range(opens):
+            at = before.index("\n", at) + 1
+        carried = before[at:before.rfind("\n") + 1]
+        if not carried or len(tokenize(carried)) <= BLOCK_TOKENS:
+            return before[:at], before[at:]
+    return before[:fallback], before[fallback:]
 
 
 def suffix_echo_stop(suffix: str) -> tuple[str, ...]:

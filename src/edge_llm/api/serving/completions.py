@@ -16,7 +16,7 @@ from edge_llm.api.protocol import CompletionRequest, new_completion_id
 from edge_llm.api.serving.base import ChoiceResult, Generation, Serving, error_body, piece_text
 from edge_llm.api.sse import encode_json_event
 from edge_llm.engine.types import Failed, Finished, TextDelta, TokenLogprob
-from edge_llm.prompting.fim import infill_prompt, suffix_echo_stop
+from edge_llm.prompting.fim import cursor_line_split, infill_prompt, suffix_echo_stop
 
 logger = logging.getLogger(__name__)
 
@@ -29,9 +29,9 @@ class CompletionServing(Serving):
         if completion.suffix is not None:
             fim = self.fim_tokens("suffix")
             budget = completion.requested_max_tokens(self.defaults) or self.defaults.max_tokens
-            prompts = [await self.off_loop(lambda text=text: infill_prompt(
-                self.plain_tokens, fim, prefix=text, suffix=completion.suffix or "", n_predict=budget,
-                n_ctx=self.context_limit, bos=self.bos_token())) for text in completion.prompts]
+            prompts = [await self.off_loop(lambda parts=cursor_line_split(text): infill_prompt(
+                self.plain_tokens, fim, prefix=parts[0], prompt=parts[1], suffix=completion.suffix or "",
+                n_predict=budget, n_ctx=self.context_limit, bos=self.bos_token())) for text in completion.prompts]
         else:
             prompts = [await self.off_loop(self._tokenize_raw, text) for text in completion.prompts]
         generation = self.start(
