@@ -62,6 +62,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--workloads", type=lambda text: text.split(","), default=None, metavar="LIST",
                         help="workloads of --only structured (default: all; e.g. plain,json_schema) or of --only "
                         "speculative (code,prose,json,schema)")
+    parser.add_argument("--repeats", type=int, default=1, metavar="N",
+                        help="--only speculative: measure each level N times, ours off and ngram in turn first, and "
+                        "report the median of the paired ratios (default: %(default)s)")
     parser.add_argument("--attempts", type=int, default=None, metavar="N",
                         help="--only: take a disturbed measurement at most N times (default: 3; --quick: 2)")
     parser.add_argument("--llama-server", type=Path, metavar="PATH",

@@ -172,7 +172,8 @@ def run_speculative_part(args: argparse.Namespace, plan: Plan, model: Path, bina
     if unknown := set(workloads) - set(SPECULATIVE_LEVELS):
         raise SystemExit(f"unknown workloads {sorted(unknown)}; known: {', '.join(SPECULATIVE_LEVELS)}")
     results: dict[str, Any] = {"meta": {**metadata(model, plan, binary), "peer_parallel": 8,
-                                        "peer_flags": list(SPECULATIVE_PEER_FLAGS), "workloads": list(workloads)}}
+                                        "peer_flags": list(SPECULATIVE_PEER_FLAGS), "workloads": list(workloads),
+                                        "repeats": args.repeats}}
 
     def checkpoint(runs: dict[str, Any]) -> None:
         results["runs"] = runs
@@ -192,7 +193,7 @@ def run_speculative_part(args: argparse.Namespace, plan: Plan, model: Path, bina
             running = stack.enter_context(
                 processes.llama_server(binary, model, RESULTS, 8, extra_flags=SPECULATIVE_PEER_FLAGS))
             found[SPECULATIVE_PEER] = (running.url, running.process.pid)
-        checkpoint(run_speculative(found, plan, checkpoint, workloads))
+        checkpoint(run_speculative(found, plan, checkpoint, workloads, args.repeats))
     return results
 
 

@@ -188,8 +188,9 @@ def run_level(url: str, workload: str, clients: int, rounds: int) -> dict[str, A
 
 
 def run_speculative(servers: dict[str, tuple[str, int]], plan: Plan, checkpoint: Callable[[dict[str, Any]], None],
-                    workloads: tuple[str, ...] = tuple(LEVELS)) -> dict[str, Any]:
-    """Every level of `workloads`, the servers one right after the other; `servers`: name → (url, pid)."""
+                    workloads: tuple[str, ...] = tuple(LEVELS), repeats: int = 1) -> dict[str, Any]:
+    """Every level of `workloads`, the servers one right after the other, `repeats` times (ours off and ngram in
+    turn first: the machine's drift touches both alike); `servers`: name → (url, pid)."""
     runs: dict[str, Any] = {name: {} for name in servers}
     rounds = 1 if plan.quick else 2
     for url, _ in servers.values():  # warm-up
@@ -198,14 +199,36 @@ def run_speculative(servers: dict[str, tuple[str, int]], plan: Plan, checkpoint:
         if workload not in workloads:
             continue
         for clients in levels:
-            for name, (url, pid) in servers.items():
-                label = f"{name}: {workload}, {clients} client(s)"
-                logger.info("%s", label)
-                result = measure_quietly(label, lambda _attempt, u=url, c=clients: run_level(u, workload, c, rounds),
-                                         [pid], plan)
-                runs[name].setdefault(workload, {})[str(clients)] = result
-                checkpoint(runs)
+            for repeat in range(repeats):
+                for name in paired_order(list(servers), repeat):
+                    url, pid = servers[name]
+                    label = f"{name}: {workload}, {clients} client(s), repeat {repeat + 1}/{repeats}"
+                    logger.info("%s", label)
+                    result = measure_quietly(
+                        label, lambda _attempt, u=url, c=clients: run_level(u, workload, c, rounds), [pid], plan)
+                    level = runs[name].setdefault(workload, {}).get(str(clients))
+                    runs[name][workload][str(clients)] = merge_repeats((level or {}).get("repeats", []) + [result])
+                    checkpoint(runs)
     return runs
+
+
+def paired_order(names: list[str], repeat: int) -> list[str]:
+    """Ours off and ngram swap places every other repeat; llama-server (if any) runs after them."""
+    ours = [name for name in names if name in (OFF, NGRAM)]
+    return (ours if repeat % 2 == 0 else ours[::-1]) + [name for name in names if name not in ours]
+
+
+def merge_repeats(repeats: list[dict[str, Any]]) -> dict[str, Any]:
+    """A level measured `len(repeats)` times: the medians of its rates, the first repeat's texts, every draft."""
+    first = repeats[0]
+    drafted = sum(r.get("drafted") or 0 for r in repeats)
+    accepted = sum((r.get("acceptance") or 0) * (r.get("drafted") or 0) for r in repeats)
+    decode = [r["decode_tok_s_median"] for r in repeats if r.get("decode_tok_s_median")]
+    return {**first, "repeats": repeats,
+            "decode_tok_s_median": statistics.median(decode) if decode else None,
+            "aggregate_tok_s": statistics.median(r["aggregate_tok_s"] for r in repeats),
+            "acceptance": accepted / drafted if drafted else None, "drafted": drafted,
+            "neighbour_cpu": max(r.get("neighbour_cpu", 0.0) for r in repeats)}
 
 
 ROW_COST_SCENARIOS = (("1 sequence", 1, 0), ("1 sequence, 5 idle ones holding cells", 1, 5), ("4 sequences", 4, 0))
@@ -267,11 +290,18 @@ def row_costs(model: Path, extra: tuple[int, ...] = (0, 1, 2, 4, 8, 16), repeats
 
 
 def ratio(runs: dict[str, Any], server: str, workload: str, clients: int, key: str) -> float | None:
+    """`server`'s `key` over ours off's; with repeats, the median of the ratios repeat by repeat (paired)."""
+    ratios = repeat_ratios(runs, server, workload, clients, key)
+    return statistics.median(ratios) if ratios else None
+
+
+def repeat_ratios(runs: dict[str, Any], server: str, workload: str, clients: int, key: str) -> list[float]:
     mine = ((runs.get(server) or {}).get(workload) or {}).get(str(clients))
     base = ((runs.get(OFF) or {}).get(workload) or {}).get(str(clients))
-    if not mine or not base or not mine.get(key) or not base.get(key):
-        return None
-    return mine[key] / base[key]
+    if not mine or not base:
+        return []
+    pairs = list(zip(mine.get("repeats") or [mine], base.get("repeats") or [base]))
+    return [a[key] / b[key] for a, b in pairs if a.get(key) and b.get(key)]
 
 
 def key_for(clients: int) -> str:
@@ -292,11 +322,14 @@ def speculative_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     runs = results.get("runs") or {}
     goals = [("code", 1, 1.6), ("code", 4, 1.2), ("prose", 1, 0.97), ("prose", 4, 0.97), ("prose", 8, 0.97),
              ("json", 1, 0.97), ("json", 4, 0.97), ("schema", 1, 0.97), ("schema", 4, 0.97)]
-    return [target(f"ours ngram / off, {workload}, {clients} client{'s' if clients > 1 else ''}, "
-                   f"{'decode tok/s' if clients == 1 else 'aggregate tok/s'}",
-                   ratio(runs, NGRAM, workload, clients, key_for(clients)), ">=", bound,
-                   [((runs.get(s) or {}).get(workload) or {}).get(str(clients)) for s in (NGRAM, OFF)])
-            for workload, clients, bound in goals]
+    checks = []
+    for workload, clients, bound in goals:
+        check = target(f"ours ngram / off, {workload}, {clients} client{'s' if clients > 1 else ''}, "
+                       f"{'decode tok/s' if clients == 1 else 'aggregate tok/s'}",
+                       ratio(runs, NGRAM, workload, clients, key_for(clients)), ">=", bound,
+                       [((runs.get(s) or {}).get(workload) or {}).get(str(clients)) for s in (NGRAM, OFF)])
+        checks.append({**check, "repeat_ratios": repeat_ratios(runs, NGRAM, workload, clients, key_for(clients))})
+    return checks
 
 
 def share(value: float | None) -> str:
@@ -308,7 +341,10 @@ def speculative_markdown(results: dict[str, Any]) -> str:
     lines = ["# Speculative decoding (issue 17)", "",
              f"{meta['date']}, {meta['model']}, {meta['threads']} threads, commit {meta['commit']}"
              f"{', quick' if meta.get('quick') else ''}. Greedy, non-streamed; decode tok/s by each server's own "
-             "timings (median request), aggregate = completion tokens / wall time of the level.", ""]
+             "timings (median request), aggregate = completion tokens / wall time of the level"
+             + (f"; each level measured {meta['repeats']} times, ours off and ngram in turn first, rates the "
+                "medians over repeats and ratios the median of each repeat's ratio" if meta.get("repeats", 1) > 1
+                else "") + ".", ""]
     if meta.get("peer_note"):
         lines += [f"> {meta['peer_note']}", ""]
     lines += ["| workload | clients | server | decode tok/s | aggregate tok/s | vs off (decode / aggregate) | "
@@ -338,10 +374,12 @@ def speculative_markdown(results: dict[str, Any]) -> str:
             fit = costs["fits"][b]
             lines.append(f"| {b} | " + " | ".join(fmt(v) for v in by_rows.values())
                          + f" | {fmt(fit['per_row_ms'], digits=2)} | {fmt(fit['row_cost'], digits=3)} |")
-    lines += ["", "| target | value | bound | met |", "|---|---:|---:|---|"]
+    lines += ["", "| target | value | bound | met | repeats (ratio each, paired) |", "|---|---:|---:|---|---|"]
     for check in results.get("targets") or speculative_targets(results):
         verdict = {True: "yes", False: "**no**", None: "–"}[check["pass"]]
+        each = check.get("repeat_ratios") or []
         lines.append(f"| {check['check']} | {fmt(check['ratio'], digits=2)} | {check['target']} | {verdict}"
-                     f"{' (disturbed)' if check['disturbed'] else ''} |")
+                     f"{' (disturbed)' if check['disturbed'] else ''} | "
+                     f"{', '.join(fmt(r, digits=2) for r in each) if len(each) > 1 else ''} |")
     return "\n".join(lines) + "\n"
 
