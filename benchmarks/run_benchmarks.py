@@ -44,6 +44,13 @@ from suite.plan import RESULTS
 PARTS = ("structured", "real-client", "infill", "speculative", "determinism", "kv-types", "prefix-restart")  # suite/parts.py
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests and repeats (a few minutes)")
@@ -62,7 +69,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--workloads", type=lambda text: text.split(","), default=None, metavar="LIST",
                         help="workloads of --only structured (default: all; e.g. plain,json_schema) or of --only "
                         "speculative (code,prose,json,schema)")
-    parser.add_argument("--repeats", type=int, default=1, metavar="N",
+    parser.add_argument("--repeats", type=_positive, default=1, metavar="N",
                         help="--only speculative: measure each level N times, ours off and ngram in turn first, and "
                         "report the median of the paired ratios (default: %(default)s)")
     parser.add_argument("--attempts", type=int, default=None, metavar="N",

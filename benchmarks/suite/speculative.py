@@ -219,7 +219,8 @@ def paired_order(names: list[str], repeat: int) -> list[str]:
 
 
 def merge_repeats(repeats: list[dict[str, Any]]) -> dict[str, Any]:
-    """A level measured `len(repeats)` times: the medians of its rates, the first repeat's texts, every draft."""
+    """A level measured `len(repeats)` times: the medians of its rates and every draft; its texts, tokens and
+    per-request rates are the first repeat's (`repeats` keeps each one whole)."""
     first = repeats[0]
     drafted = sum(r.get("drafted") or 0 for r in repeats)
     accepted = sum((r.get("acceptance") or 0) * (r.get("drafted") or 0) for r in repeats)

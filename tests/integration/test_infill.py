@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import openai
 
+from edge_llm.prompting.fim import ends_block
 from edge_llm.testing.server import RunningServer
 from tests.helpers import metric, scrape, sse_events, wait_for
 
@@ -159,8 +160,22 @@ def test_a_keystroke_in_the_typed_line_appends_to_the_cached_prompt(server: Runn
     assert not any(spelling in typed["content"] for spelling in CONTROL_SPELLINGS)
 
 
-# Twelve finished lines: the first block of eight is the prefix, the lines after it open the middle.
-BLOCK_HEAD = "import math\n\n\n" + "".join(f"x{i} = math.sqrt({i})\n" for i in range(9))
+def lines_ending_blocks(template: str, count: int, *, ending: bool) -> list[str]:
+    """`count` lines made from `template` (with {i}) that do, or do not, end a block of the FIM layout."""
+    found = []
+    i = 0
+    while len(found) < count:
+        line = template.format(i=i) + "\n"
+        if ends_block(line) == ending:
+            found.append(line)
+        i += 1
+    return found
+
+
+# "import math" ends a block; nine lines after it that do not: they are in the middle of the next request.
+X_LINES = lines_ending_blocks("x{i} = math.sqrt({i})", 9, ending=False)
+BLOCK_HEAD = "import math\n\n\n" + "".join(X_LINES)
+Y_LINES = lines_ending_blocks("y{i} = x0 * {i}", 3, ending=False)
 
 
 def moved_tokens(server: RunningServer) -> float:
@@ -168,10 +183,11 @@ def moved_tokens(server: RunningServer) -> float:
 
 
 def test_a_new_line_within_a_block_of_lines_appends_and_moves_nothing(server: RunningServer) -> None:
-    """The lines typed since the last block of eight began stay in the middle: finishing a line and starting the
-    next adds tokens at the end of the cached prompt, and no cached key is moved (llama.cpp re-rotates every cell
-    of the cache to move one chunk)."""
-    typed = "total = x0 + x1"
+    """The lines typed since the last block ended stay in the middle: finishing a line and starting the next adds
+    tokens at the end of the cached prompt, and no cached key is moved (llama.cpp re-rotates every cell of the
+    cache to move one chunk)."""
+    assert ends_block("import math\n")
+    typed = lines_ending_blocks("total = x0 + x{i}", 1, ending=False)[0].rstrip("\n")
     first = infill(server, input_prefix=BLOCK_HEAD, prompt=typed, input_suffix=FILE_TAIL, n_predict=4)
     assert first.status_code == 200, first.text
     moved = moved_tokens(server)
@@ -183,19 +199,38 @@ def test_a_new_line_within_a_block_of_lines_appends_and_moves_nothing(server: Ru
     assert moved_tokens(server) == moved
 
 
-def test_the_line_that_begins_a_block_moves_the_rest_of_the_file_once(server: RunningServer) -> None:
-    """At the block's end the middle's lines join the prefix: they are computed again before the suffix, whose
-    cached keys are moved after them, not recomputed; the new block's first lines then append again."""
-    head = BLOCK_HEAD + "".join(f"y{i} = x{i} * 2\n" for i in range(3))  # 15 finished lines
-    first = infill(server, input_prefix=head, prompt="z = y0", input_suffix=FILE_TAIL, n_predict=4)
+def test_a_line_that_ends_a_block_moves_the_rest_of_the_file_once(server: RunningServer) -> None:
+    """When a finished line ends a block, the middle's lines join the prefix: they are computed again before the
+    suffix, whose cached keys are moved after them, not recomputed; the next block's lines then append again."""
+    head = BLOCK_HEAD + "".join(Y_LINES)
+    ending = lines_ending_blocks("z = y0 + {i}", 1, ending=True)[0].rstrip("\n")
+    first = infill(server, input_prefix=head, prompt=ending, input_suffix=FILE_TAIL, n_predict=4)
     assert first.status_code == 200, first.text
     moved = moved_tokens(server)
-    crossing = infill(server, input_prefix=head + "z = y0\n", prompt="", input_suffix=FILE_TAIL, n_predict=4).json()
+    crossing = infill(server, input_prefix=head + ending + "\n", prompt="", input_suffix=FILE_TAIL,
+                      n_predict=4).json()
     suffix_tokens = len(httpx.post(server.url + "/tokenize", json={"content": FILE_TAIL}).json()["tokens"])
     moved_at_crossing = moved_tokens(server)
     assert moved_at_crossing - moved >= suffix_tokens - 8
     assert crossing["timings"]["prompt_n"] < suffix_tokens / 2, crossing["timings"]
-    after = infill(server, input_prefix=head + "z = y0\nw = z\n", prompt="", input_suffix=FILE_TAIL,
+    next_line = lines_ending_blocks("w = z + {i}", 1, ending=False)[0]
+    after = infill(server, input_prefix=head + ending + "\n" + next_line, prompt="", input_suffix=FILE_TAIL,
                    n_predict=4).json()
     assert after["timings"]["prompt_n"] <= 8, after["timings"]
     assert moved_tokens(server) == moved_at_crossing
+
+
+def test_a_window_of_lines_sliding_down_the_file_moves_one_chunk_and_computes_the_new_line(
+        server: RunningServer) -> None:
+    """llama.vscode and llama.vim send a window of lines before the cursor: on a new line the window's first line
+    drops out. Everything after it is the previous prompt's, moved back by that line's tokens in one chunk."""
+    lines = (lines_ending_blocks("a{i} = math.pi * {i}", 2, ending=False) + ["import math\n"]
+             + lines_ending_blocks("b{i} = math.e ** {i}", 13, ending=False))
+    first = infill(server, input_prefix="".join(lines[:15]), prompt=lines[15].rstrip("\n"), input_suffix=FILE_TAIL,
+                   n_predict=4)
+    assert first.status_code == 200, first.text
+    moved = moved_tokens(server)
+    slid = infill(server, input_prefix="".join(lines[1:16]), prompt="", input_suffix=FILE_TAIL, n_predict=4).json()
+    suffix_tokens = len(httpx.post(server.url + "/tokenize", json={"content": FILE_TAIL}).json()["tokens"])
+    assert slid["timings"]["prompt_n"] <= 6, slid["timings"]
+    assert moved_tokens(server) - moved >= suffix_tokens

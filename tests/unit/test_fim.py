@@ -7,12 +7,14 @@ from hypothesis import strategies as st
 
 from edge_llm.engine.types import FimTokens
 from edge_llm.prompting.fim import (
-    BLOCK_LINES,
+    BLOCK_ODDS,
+    BLOCK_SCAN_LINES,
     BLOCK_TOKENS,
     FIM_WINDOW,
     EditorCut,
     ExtraFile,
     cursor_line_split,
+    ends_block,
     infill_prompt,
     suffix_echo_stop,
 )
@@ -143,35 +145,69 @@ def test_editor_cut_sends_a_prefix_of_the_text_and_holds_nothing_back_in_the_end
         assert sent == whole
 
 
-def lines(count: int, width: int = 12) -> str:
-    return "".join(f"    v{i} = {i}".ljust(width) + "\n" for i in range(count))
+def code_lines(count: int, *, ending_block: bool, width: int = 12, skip: int = 0) -> list[str]:
+    """`count` distinct finished lines that do (or do not) end a block."""
+    found: list[str] = []
+    i = skip
+    while len(found) < count:
+        line = f"    v{i} = {i}".ljust(width) + "\n"
+        if ends_block(line) == ending_block:
+            found.append(line)
+        i += 1
+    return found
 
 
 FILE_END = dict(suffix="\nprint(main())\n" * 50, n_predict=32, n_ctx=8192)
+BLOCK_END = code_lines(1, ending_block=True)[0]
+INSIDE = code_lines(12, ending_block=False)  # lines that end no block
+
+
+def middle_of(tokens: list[int]) -> str:
+    text = text_of(tokens)
+    return text[text.index("<MID>") + 5:]
+
+
+def test_about_one_line_in_block_odds_ends_a_block() -> None:
+    share = sum(ends_block(f"x{i} = f({i})\n") for i in range(4000)) / 4000
+    assert abs(share - 1 / BLOCK_ODDS) < 0.03
 
 
 def test_a_new_line_within_a_block_appends_to_the_previous_prompt() -> None:
-    typed_line = "    total = v0 + v1"
-    before = infill_prompt(chars, QWEN_LIKE, prefix=lines(BLOCK_LINES + 2), prompt=typed_line, **FILE_END)
-    after = infill_prompt(chars, QWEN_LIKE, prefix=lines(BLOCK_LINES + 2) + typed_line + "\n", prompt="    ",
-                          **FILE_END)
+    head = "".join(INSIDE[:3]) + BLOCK_END + "".join(INSIDE[3:6])
+    typed_line = INSIDE[6].rstrip("\n")
+    before = infill_prompt(chars, QWEN_LIKE, prefix=head, prompt=typed_line, **FILE_END)
+    after = infill_prompt(chars, QWEN_LIKE, prefix=head + typed_line + "\n", prompt="    ", **FILE_END)
     assert after[:len(before)] == before
+    assert middle_of(after) == "".join(INSIDE[3:7]) + "    "
 
 
-def test_the_middle_opens_after_the_last_finished_block() -> None:
-    tokens = infill_prompt(chars, QWEN_LIKE, prefix=lines(2 * BLOCK_LINES + 3), prompt="    x", **FILE_END)
+def test_the_middle_opens_after_the_last_line_that_ends_a_block() -> None:
+    head = "".join(INSIDE[:2]) + BLOCK_END + "".join(INSIDE[2:4]) + BLOCK_END + INSIDE[4]
+    tokens = infill_prompt(chars, QWEN_LIKE, prefix=head, prompt="    x", **FILE_END)
     text = text_of(tokens)
-    assert text[text.index("<PRE>") + 5:text.index("<SUF>")] == lines(2 * BLOCK_LINES)
-    assert text[text.index("<MID>") + 5:] == lines(2 * BLOCK_LINES + 3)[len(lines(2 * BLOCK_LINES)):] + "    x"
+    assert text[text.index("<PRE>") + 5:text.index("<SUF>")] == head.removesuffix(INSIDE[4])
+    assert middle_of(tokens) == INSIDE[4] + "    x"
 
 
-def test_within_the_first_block_and_after_a_long_block_the_middle_opens_at_the_cursors_line() -> None:
-    short = text_of(infill_prompt(chars, QWEN_LIKE, prefix=lines(3), prompt="    x", **FILE_END))
-    assert short.endswith("<MID>    x")
-    wide = BLOCK_TOKENS // 2  # two finished lines of the block pass BLOCK_TOKENS
-    long_block = text_of(infill_prompt(chars, QWEN_LIKE, prefix=lines(BLOCK_LINES + 3, wide), prompt="    x",
-                                       **FILE_END))
-    assert long_block.endswith("<MID>    x")
+def test_a_window_of_lines_sliding_down_the_file_keeps_the_middle() -> None:
+    """llama.vscode sends the last N lines before the cursor: a new line drops the first one. The prompt after
+    it is the previous prompt's, whole, with the new line's tokens at its end."""
+    file = INSIDE[:4] + [BLOCK_END] + INSIDE[4:8]
+    before = infill_prompt(chars, QWEN_LIKE, prefix="".join(file[:8]), prompt=file[8].rstrip("\n"), **FILE_END)
+    after = infill_prompt(chars, QWEN_LIKE, prefix="".join(file[1:9]), prompt="", **FILE_END)
+    dropped, head = len(file[0]), before.index(PRE) + 1
+    assert after[:head] == before[:head]
+    assert after[head:len(before) - dropped] == before[head + dropped:]
+
+
+def test_without_a_block_end_or_after_a_long_block_the_middle_opens_at_the_cursors_line() -> None:
+    no_end = infill_prompt(chars, QWEN_LIKE, prefix="".join(INSIDE[:5]), prompt="    x", **FILE_END)
+    assert middle_of(no_end) == "    x"
+    wide = code_lines(3, ending_block=False, width=BLOCK_TOKENS // 2, skip=1000)  # two of them pass BLOCK_TOKENS
+    long_block = infill_prompt(chars, QWEN_LIKE, prefix=BLOCK_END + "".join(wide), prompt="    x", **FILE_END)
+    assert middle_of(long_block) == "    x"
+    far = BLOCK_END + "".join(code_lines(BLOCK_SCAN_LINES, ending_block=False, skip=2000))
+    assert middle_of(infill_prompt(chars, QWEN_LIKE, prefix=far, prompt="    x", **FILE_END)) == "    x"
 
 
 def test_v1_completions_text_puts_the_cursors_line_in_the_middle() -> None:

@@ -77,7 +77,7 @@ def test_with_repeats_the_ratio_is_the_median_of_the_paired_ratios() -> None:
     def measured(*rates: float) -> dict:
         return sp.merge_repeats([{**level(rate, rate * 2, ["t"], 0.5), "drafted": 10} for rate in rates])
 
-    # Paired: the machine was slow in the second repeat for both; unpaired medians would give 30/20 = 1.5.
+    # Paired: the machine was slow in the second repeat for both; the unpaired medians would give 19/20 = 0.95.
     runs = {sp.OFF: {"json": {"1": measured(20, 10, 22)}}, sp.NGRAM: {"json": {"1": measured(19, 11, 30)}}}
     assert sp.repeat_ratios(runs, sp.NGRAM, "json", 1, "decode_tok_s_median") == [0.95, 1.1, 30 / 22]
     assert sp.ratio(runs, sp.NGRAM, "json", 1, "decode_tok_s_median") == 1.1

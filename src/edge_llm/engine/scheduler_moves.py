@@ -63,7 +63,7 @@ class ChunkMoves:
         head.kv_tokens = list(head.feed[:length])
         head.n_past = length
         head.cached_tokens = length + move.length
-        head.moved_tokens = move.length
+        head.moved_tokens = move.length if move.start != move.old_start else 0
         head.moved = MovedChunk(holder, move.old_start, move.start, move.length)
         self._reach_moved_chunk(head, self._pending_ops)
 

@@ -2,8 +2,8 @@
 
 The layout is llama-server's (`format_prompt_infill`), the repository-level pattern the Qwen2.5-Coder report
 trained for (arXiv 2409.12186), with one change — the text before the cursor is split where a block of lines
-begins, and what follows that line (the block's lines typed so far, then `prompt`, the line typed so far) opens the
-middle instead of closing the prefix:
+ends, and what follows (the block's lines typed so far, then `prompt`, the line typed so far) opens the middle
+instead of closing the prefix:
 
     [FIM_REP]myproject\\n [FIM_SEP]name0\\n text0 … [FIM_SEP]filename\\n [FIM_PRE]prefix [FIM_SUF]suffix [FIM_MID]block
 
@@ -11,9 +11,12 @@ The model reads the same text in the same order (prefix, suffix, then the middle
 continues the middle either way, but each keystroke, and each new line within a block, now only appends to the
 previous request's prompt: the prefix cache serves everything before it, with no chunk to move and no keys to
 re-rotate (llama-server puts `prompt` before the suffix, so every keystroke changes its prompt in the middle; and
-llama.cpp re-rotates every cell of the KV cache to move one chunk: ~40 ms at 8,192 cells here). Blocks are counted
-from the prefix's first line, so they stay put as lines are typed; once a block's finished lines pass
-`BLOCK_TOKENS`, the middle opens at the cursor's line, as with no blocks. Every text is tokenized as plain
+llama.cpp re-rotates every cell of the KV cache to move one chunk: ~40 ms at 8,192 cells here). A finished line
+ends a block when its hash says so (one line in `BLOCK_ODDS`), as content-defined chunking cuts files: a block
+stays put while lines are typed after it, and when the editor's window of lines before the cursor slides down
+the file (llama.vscode and llama.vim send the last 256 lines), the prompt after the dropped first line is one
+chunk that moves, not a new layout. When the block's finished lines pass `BLOCK_TOKENS`, or no block ends in the
+last `BLOCK_SCAN_LINES` lines, the middle opens at the cursor's line. Every text is tokenized as plain
 text, so code that happens to contain "<|fim_middle|>" stays text. The prefix keeps its last 3/4 of the window and
 the suffix its first 1/4; the repository context fills what is left of the context before them, its newest tokens
 first.
@@ -22,6 +25,7 @@ first.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+import zlib
 from dataclasses import dataclass
 
 from edge_llm.engine.types import FimTokens
@@ -32,7 +36,8 @@ REPO_NAME = "myproject"
 CURRENT_FILE = "filename"
 SNIPPET_SEPARATOR = "\n\n--- snippet ---\n\n"  # for models without a file separator token
 FENCE = "```"
-BLOCK_LINES = 8  # a new line moves the suffix's keys once in this many lines
+BLOCK_ODDS = 8  # one finished line in this many ends a block: a new line moves the suffix's keys that seldom
+BLOCK_SCAN_LINES = 64  # finished lines looked at for a block's end
 BLOCK_TOKENS = 256  # most tokens of finished lines the middle carries
 
 
@@ -69,18 +74,27 @@ def cursor_line_split(before: str) -> tuple[str, str]:
     return (before[:line_start], before[line_start:]) if line_start else (before, "")
 
 
+def ends_block(line: str) -> bool:
+    """Whether a finished line (with its newline) ends a block: by its text alone, so that blocks stay where they
+    are when lines are typed after them or the editor's window of lines before the cursor slides down the file."""
+    return zlib.crc32(line.encode("utf-8", "surrogatepass")) % BLOCK_ODDS == 0
+
+
 def split_before_cursor(tokenize: Callable[[str], list[int]], before: str, *, fallback: int) -> tuple[str, str]:
-    """(prefix, middle): `before` split after its last line that ends a block of `BLOCK_LINES` lines; at
-    `fallback` within the first block, or when the block's finished lines hold more than `BLOCK_TOKENS` tokens."""
-    finished = before.count("\n")
-    opens = finished - finished % BLOCK_LINES
-    if opens >= BLOCK_LINES:
-        at = 0
-        for _ in range(opens):
-            at = before.index("\n", at) + 1
-        carried = before[at:before.rfind("\n") + 1]
-        if not carried or len(tokenize(carried)) <= BLOCK_TOKENS:
-            return before[:at], before[at:]
+    """(prefix, middle): `before` split after its last finished line that `ends_block`; at `fallback` when none of
+    the last `BLOCK_SCAN_LINES` does, or when the lines after it hold more than `BLOCK_TOKENS` tokens."""
+    cursor_line = before.rfind("\n") + 1
+    end = cursor_line
+    for _ in range(BLOCK_SCAN_LINES):
+        if end == 0:
+            break
+        start = before.rfind("\n", 0, end - 1) + 1
+        if ends_block(before[start:end]):
+            carried = before[end:cursor_line]
+            if not carried or len(tokenize(carried)) <= BLOCK_TOKENS:
+                return before[:end], before[end:]
+            break
+        end = start
     return before[:fallback], before[fallback:]
 
 
