@@ -38,7 +38,8 @@ def long_answer_body(max_tokens: int) -> dict[str, Any]:
 
 
 def wait_until_decoding(response: httpx.Response) -> Iterator[str]:
-    """Reads the long answer up to its first event (it holds the only sequence); returns the rest of its lines."""
+    """Reads the long answer up to its first event (it holds the only sequence); returns the rest of its lines.
+    Keep the iterator while the answer must go on: dropping it closes the connection, which cancels the answer."""
     assert response.status_code == 200
     lines = response.iter_lines()
     for line in lines:
@@ -107,7 +108,7 @@ def test_the_openai_sdk_reads_a_stream_with_keep_alive_comments(keepalive_server
                            http_client=httpx.Client(transport=spy, timeout=TIMEOUT))
     with httpx.Client(base_url=keepalive_server.url, timeout=TIMEOUT) as http:
         with http.stream("POST", CHAT, json=long_answer_body(LONG)) as long_answer:
-            wait_until_decoding(long_answer)
+            rest = wait_until_decoding(long_answer)
 
             def leave_once_kept_alive() -> None:
                 if spy.seen.wait(TIMEOUT):
@@ -120,6 +121,7 @@ def test_the_openai_sdk_reads_a_stream_with_keep_alive_comments(keepalive_server
             ) as stream:
                 chunks = list(stream)
             leaver.join(TIMEOUT)
+            del rest
     assert spy.seen.is_set()  # the SDK read keep-alive comments...
     assert chunks[0].choices[0].delta.role == "assistant"  # ...and every chunk around them
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
