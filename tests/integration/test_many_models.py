@@ -104,7 +104,7 @@ def test_both_models_answer_concurrently_each_loaded_by_its_first_request(serve:
     assert metric(samples, "edge_llm_model_generated_tokens_total", model=MODEL_ID) > 0
 
 
-def test_an_unknown_model_is_a_404_listing_the_available_ones_and_a_base_model_refuses_chat(serve: Any) -> None:
+def test_an_unknown_model_is_a_404_and_a_base_model_refuses_chat_and_fill_in_the_middle(serve: Any) -> None:
     server = serve("--api-key", "k")
     auth = {"Authorization": "Bearer k"}
     openai_404 = httpx.post(server.url + "/v1/chat/completions", headers=auth, timeout=30,
@@ -122,6 +122,15 @@ def test_an_unknown_model_is_a_404_listing_the_available_ones_and_a_base_model_r
                       json={"model": GEMMA, "messages": [{"role": "user", "content": "hi"}]})
     assert chat.status_code == 400 and chat.json()["error"]["code"] == "chat_template_missing"
     assert "/v1/completions" in chat.json()["error"]["message"]
+    # Gemma 3 has no fill-in-the-middle tokens: /infill and a completion with a suffix say so.
+    infill = httpx.post(server.url + "/infill", headers=auth, timeout=300,
+                        json={"model": GEMMA, "input_prefix": "def add(a, b):\n    ", "input_suffix": "\n"})
+    assert infill.status_code == 400 and infill.json()["error"]["code"] == "fim_not_supported", infill.text
+    assert "fill-in-the-middle" in infill.json()["error"]["message"]
+    suffixed = httpx.post(server.url + "/v1/completions", headers=auth, timeout=300,
+                          json={"model": GEMMA, "prompt": "def add(a, b):\n    ", "suffix": "\n", "max_tokens": 8})
+    assert suffixed.status_code == 400 and suffixed.json()["error"]["code"] == "fim_not_supported"
+    assert suffixed.json()["error"]["param"] == "suffix"
 
 
 def test_an_idle_model_unloads_after_its_keep_alive_and_its_memory_is_returned(serve: Any) -> None:

@@ -60,11 +60,11 @@ def test_the_markdown_shows_rows_same_texts_and_the_missing_peer() -> None:
 
 
 def test_committed_results_are_what_the_report_makes_of_them() -> None:
-    data = RESULTS / "speculative.json"
-    if not data.exists():
-        return  # not measured yet on this branch
-    assert (RESULTS / "speculative.md").read_text(encoding="utf-8") == sp.speculative_markdown(
-        json.loads(data.read_text(encoding="utf-8")))
+    for name in ("speculative", "speculative_repeats"):  # the full run, and a run of paired repeats
+        data = RESULTS / f"{name}.json"
+        if data.exists():
+            assert (RESULTS / f"{name}.md").read_text(encoding="utf-8") == sp.speculative_markdown(
+                json.loads(data.read_text(encoding="utf-8")))
 
 
 def test_repeats_alternate_which_of_ours_goes_first_and_the_peer_goes_last() -> None:
