@@ -18,6 +18,13 @@ def test_typed_and_deleted_text_move_the_rest_forward_and_back() -> None:
     assert moved_chunk(old, typed, 20, len(typed) - 1, 0) is None
 
 
+def test_the_longest_chunk_is_moved_when_lines_change_sides_of_the_suffix() -> None:
+    lines, suffix = list(range(100, 110)), list(range(200, 230))
+    old = [1] + suffix + [2] + lines + [3]  # the lines were in the middle, after the suffix
+    new = [1] + lines + suffix + [2, 4]  # now they end the prefix
+    assert moved_chunk(old, new, 1, len(new) - 1, 8) == (1, 11, 31)  # the suffix and the token after it
+
+
 @given(old=st.lists(st.integers(0, 4), max_size=60), new=st.lists(st.integers(0, 4), max_size=60),
        min_length=st.integers(1, 6))
 def test_a_found_chunk_is_equal_in_both_after_the_common_prefix(old: list[int], new: list[int],
