@@ -172,8 +172,9 @@ def test_a_keystroke_moves_the_unchanged_rest_of_the_file_and_computes_only_the_
     assert after.seq_id == first.seq_id and not d.s.cache  # it took the entry over
     holder = plan.kv_ops[0].dst_seq  # a spare sequence holds the chunk while the typed tokens are computed
     assert plan.kv_ops == [KvCopy(first.seq_id, holder, start=42, end=42 + 60), KvTrim(first.seq_id, 42)]
-    assert after.cached_tokens == 42 + 60
+    assert after.cached_tokens == 42 + 60 and after.moved_tokens == 60
     assert plan.prefilled_tokens == 3  # only the typed tokens; the last prompt token is decoded next
+    assert not plan.undoable  # its chunk moves after the decode: a cancellation cannot stop this step
     assert after.moved is None and after.n_past == len(edited) - 1  # reached: the chunk moves after them
     # after this step's decode (a retry of this batch must not see the chunk yet: llama.cpp appends positions)
     assert d.s._after_decode_ops == [KvShift(holder, 42, 42 + 60, 3), KvCopy(holder, first.seq_id, start=45, end=45 + 60),

@@ -18,7 +18,7 @@ preempted again, so none starves.
 from __future__ import annotations
 
 import bisect
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 
 from edge_llm.engine.kv_ledger import KvLedger
 from edge_llm.engine.scheduler_entries import OutsideEntries
@@ -222,9 +222,7 @@ class Scheduler(OutsideEntries, ChunkMoves):
         last positions, and llama.cpp keeps none of them, or only those of the micro-batches it finished; each
         sequence lets them go, so what it holds, and the cache entry it becomes, is what the KV cache holds."""
         assert plan.undoable, "a step whose moved chunk follows its decode cannot be taken back"
-        rows: dict[int, int] = {}
-        for seq_id in plan.seq_ids:
-            rows[seq_id] = rows.get(seq_id, 0) + 1
+        rows = Counter(plan.seq_ids)
         for sequence in self.running:
             count = rows.get(sequence.seq_id, 0)
             if not count:

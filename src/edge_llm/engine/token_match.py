@@ -40,16 +40,3 @@ def moved_chunk(old: Sequence[int], new: Sequence[int], start: int, limit: int,
             best = (old_start, new_start, length)
         new_start += length
     return best
-    first_seen: dict[tuple[int, ...], int] = {}
-    for position in range(start, len(old) - min_length + 1):
-        first_seen.setdefault(tuple(old[position:position + min_length]), position)
-    for new_start in range(start, limit - min_length + 1):
-        old_start = first_seen.get(tuple(new[new_start:new_start + min_length]))
-        if old_start is None:
-            continue
-        length = min_length
-        while (new_start + length < limit and old_start + length < len(old)
-               and old[old_start + length] == new[new_start + length]):
-            length += 1
-        return old_start, new_start, length
-    return None

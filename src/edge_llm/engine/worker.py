@@ -388,8 +388,10 @@ class Engine:
         is taken back: the cancellations, in the inbox, end the requests next)."""
         # The flag is cleared before every decode (an abort that came after the last one ended must not stop this
         # one); only an undoable step publishes its requests, so only it can be stopped.
-        requests = ({s.request_id for s in self._scheduler.running if s.seq_id in set(plan.seq_ids)}
-                    if plan.undoable else None)
+        requests = None
+        if plan.undoable:
+            in_step = set(plan.seq_ids)
+            requests = {s.request_id for s in self._scheduler.running if s.seq_id in in_step}
         with self._lock:
             self.runner.arm_abort()
             self._step_requests = requests

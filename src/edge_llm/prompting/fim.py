@@ -24,8 +24,8 @@ first.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from edge_llm.engine.types import FimTokens
