@@ -137,7 +137,14 @@ def test_sigterm_under_load_finishes_running_and_queued_refuses_new_and_exits_ze
             Request(server, CHAT, chat_body(count, max_tokens=16)),
             Request(server, CHAT, chat_body(count, max_tokens=16, n=2)),
         ]
-        wait_for(lambda: metric(scrape(server), "edge_llm_queue_depth") >= 1, 60, "a queued request")
+
+        def all_in_and_one_queued() -> bool:
+            # The gate refuses what arrives after SIGTERM: every request must have come in before it.
+            metrics = scrape(server)
+            return (metric(metrics, "edge_llm_http_requests_in_flight") >= len(requests)
+                    and metric(metrics, "edge_llm_queue_depth") >= 1)
+
+        wait_for(all_in_and_one_queued, 60, "five requests in, one of them queued")
         server.process.send_signal(signal.SIGTERM)
         wait_for(lambda: httpx.get(server.url + "/readyz", timeout=10).status_code == 503, 30, "/readyz 503")
         assert httpx.get(server.url + "/readyz", timeout=10).json() == {"status": "draining"}
