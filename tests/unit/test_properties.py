@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from edge_llm.api.sse import decode_events, encode_event
 from edge_llm.engine.scheduler import MAX_PREEMPTIONS, KvCopy, KvRemove, Phase, RequestTooLargeError, Scheduler
+from edge_llm.engine.step_cost import CPU_STEP_COST, StepCost
 from edge_llm.engine.text import OutputText, StopMatcher, Utf8Assembler
 
 from .scheduler_model import Driver
@@ -298,9 +299,9 @@ def run_random_operations(s: Scheduler, ops: list) -> None:
 @settings(max_examples=300, deadline=None)
 @given(configs | configs.map(streams),
        st.lists(st.tuples(prompts, st.integers(1, 8), st.booleans()), min_size=1, max_size=12),
-       st.sampled_from([0.0, 0.1, 0.5]))
-def test_scheduler_completes_every_request_with_exactly_max_tokens(config, requests, draft_row_cost) -> None:
-    s = Scheduler(**config, draft_row_cost=draft_row_cost)
+       st.sampled_from([StepCost.linear(0.0), StepCost.linear(0.1), StepCost.linear(0.5), CPU_STEP_COST]))
+def test_scheduler_completes_every_request_with_exactly_max_tokens(config, requests, step_cost) -> None:
+    s = Scheduler(**config, step_cost=step_cost)
     d = Driver(s, sample=sample_token)
     seqs = [s.add(f"r{i}", p, m, speculative=spec) for i, (p, m, spec) in enumerate(requests)
             if len(p) + m <= s.sequence_context]

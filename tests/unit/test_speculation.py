@@ -23,6 +23,7 @@ from edge_llm.engine.speculation import (
     SpeculationStats,
     allocate,
 )
+from edge_llm.engine.step_cost import CPU_STEP_COST, StepCost
 from edge_llm.engine.step_plan import KvTrim
 from edge_llm.engine.types import Finished, FinishReason, GenerationRequest, SamplingParams, TextDelta
 from edge_llm.engine.worker import Engine
@@ -106,15 +107,15 @@ def test_allocation_drafts_long_when_drafts_are_accepted_and_not_at_all_when_the
     good = speculation_with_rate(16, 16)
     bad = speculation_with_rate(0, 1)
     draft = Draft(tuple(range(16)), 3)
-    good_length, bad_length = allocate([(good, draft), (bad, draft)], decode_rows=2, room=64, row_cost=0.1)
+    good_length, bad_length = allocate([(good, draft), (bad, draft)], decode_rows=2, room=64, cost=StepCost.linear(0.1))
     assert good_length >= 8
     assert bad_length == 0
 
 
 def test_allocation_drafts_less_in_a_fuller_batch() -> None:
     draft = Draft(tuple(range(16)), 3)
-    alone = allocate([(speculation_at(0.95), draft)], decode_rows=1, room=64, row_cost=0.1)[0]
-    crowded = allocate([(speculation_at(0.95), draft)], decode_rows=16, room=64, row_cost=0.1)[0]
+    alone = allocate([(speculation_at(0.95), draft)], decode_rows=1, room=64, cost=StepCost.linear(0.1))[0]
+    crowded = allocate([(speculation_at(0.95), draft)], decode_rows=16, room=64, cost=StepCost.linear(0.1))[0]
     assert alone > crowded > 0
 
 
@@ -122,10 +123,10 @@ def test_a_sequence_below_the_gate_does_not_draft_however_cheap_rows_are() -> No
     draft = Draft(tuple(range(16)), 3)
     fair = speculation_at(0.85)  # pays alone, not beside other sequences
     assert GATE_ALONE <= fair.rate(3) < GATE_BATCHED
-    assert allocate([(fair, draft)], decode_rows=1, room=64, row_cost=0.0)[0] > 0
-    assert allocate([(fair, draft)], decode_rows=4, room=64, row_cost=0.0) == [0]
+    assert allocate([(fair, draft)], decode_rows=1, room=64, cost=StepCost.linear(0.0))[0] > 0
+    assert allocate([(fair, draft)], decode_rows=4, room=64, cost=StepCost.linear(0.0)) == [0]
     poor = speculation_at(0.6)
-    assert allocate([(poor, draft)], decode_rows=1, room=64, row_cost=0.0) == [0]
+    assert allocate([(poor, draft)], decode_rows=1, room=64, cost=StepCost.linear(0.0)) == [0]
 
 
 def test_a_gated_rate_recovers_towards_the_prior_slowly() -> None:
@@ -160,13 +161,54 @@ def test_a_first_guess_is_short_and_a_confirmed_one_long() -> None:
     assert again is not None and len(again.tokens) > FIRST_DRAFT
 
 
+def test_a_linear_step_cost_is_one_plus_the_row_cost_a_row() -> None:
+    cost = StepCost.linear(0.5)
+    assert [round(cost.rows(n) * 1.5, 9) for n in range(1, 14)] == [1 + 0.5 * n for n in range(1, 14)]
+    assert cost(1, 5000, 3, 5000) == cost.rows(4)  # attention free
+
+
+def test_the_cpu_step_cost_grows_by_groups_of_four_rows_and_with_the_cells_attended() -> None:
+    cost = CPU_STEP_COST
+    steps = [cost.rows(n) for n in range(1, 21)]
+    assert steps == sorted(steps) and steps[0] == 1.0
+    for end in (4, 8, 12, 16):  # the first row of a group costs more than the rest of it together
+        assert steps[end] - steps[end - 1] > steps[end + 3] - steps[end]
+    assert cost(1, 3000, 3, 9000) > cost(1, 64, 3, 192) > cost(1, 64, 0, 0)
+    assert cost(1, 3000, 3, 9000) - cost(1, 3000, 0, 0) > cost(1, 64, 3, 192) - cost(1, 64, 0, 0)
+
+
+def test_a_sure_draft_alone_fills_whole_groups_of_rows() -> None:
+    sure = speculation_at(0.97)
+    for room in (32, 10):
+        length = allocate([(sure, Draft(tuple(range(32)), 3))], decode_rows=1, room=room)[0]
+        assert length > 0 and (1 + length) % 4 == 0, (room, length)
+
+
+def test_a_first_guess_is_one_group_of_rows() -> None:
+    speculation = Speculation()
+    history = list(range(40)) + list(range(10))
+    first = speculation.propose(history, limit=32)
+    assert first is not None
+    assert allocate([(speculation, first)], decode_rows=1, room=32) == [FIRST_DRAFT] == [3]
+
+
+def test_a_long_context_makes_drafts_shorter_or_none() -> None:
+    draft = Draft(tuple(range(32)), 3)
+    short = allocate([(speculation_at(0.95), draft)], decode_rows=1, room=32, cells=[64], decode_cells=64)[0]
+    long = allocate([(speculation_at(0.95), draft)], decode_rows=1, room=32, cells=[6000], decode_cells=6000)[0]
+    assert short > long
+    fair = speculation_at(0.82)  # above the gate alone
+    assert allocate([(fair, draft)], decode_rows=1, room=32, cells=[64], decode_cells=64)[0] > 0
+    assert allocate([(fair, draft)], decode_rows=1, room=32, cells=[12000], decode_cells=12000) == [0]
+
+
 def test_allocation_respects_room_and_the_draft_length() -> None:
     sure = speculation_with_rate(16, 16)
     lengths = allocate([(sure, Draft((1, 2, 3), 4)), (sure, Draft(tuple(range(16)), 4))], decode_rows=2, room=5,
-                       row_cost=0.0)
+                       cost=StepCost.linear(0.0))
     assert sum(lengths) == 5 and lengths[0] <= 3
     many = [(sure, Draft(tuple(range(32)), 4)) for _ in range(4)]
-    assert sum(allocate(many, decode_rows=4, room=1000, row_cost=0.0)) == MAX_DRAFT_ROWS
+    assert sum(allocate(many, decode_rows=4, room=1000, cost=StepCost.linear(0.0))) == MAX_DRAFT_ROWS
     assert allocate([(sure, Draft((), 4))], decode_rows=1, room=10) == [0]
 
 

@@ -25,7 +25,8 @@ from edge_llm.engine.scheduler_entries import OutsideEntries
 from edge_llm.engine.scheduler_moves import ChunkMove, ChunkMoves
 from edge_llm.engine.step_plan import KvCopy, KvOp, KvRemove, KvTrim, StepPlan
 from edge_llm.engine.sequence import CacheEntry, Phase, Sequence
-from edge_llm.engine.speculation import ROW_COST, Speculation, SpeculationStats, lay_out_drafts
+from edge_llm.engine.speculation import Speculation, SpeculationStats, lay_out_drafts
+from edge_llm.engine.step_cost import CPU_STEP_COST, StepCost
 from edge_llm.engine.token_match import common_prefix_length
 
 MAX_PREEMPTIONS = 3
@@ -43,7 +44,7 @@ class RequestTooLargeError(ValueError):
 
 class Scheduler(OutsideEntries, ChunkMoves):
     def __init__(self, *, n_ctx: int, batch_size: int, parallel: int, cache_slots: int,
-                 max_preemptions: int = MAX_PREEMPTIONS, draft_row_cost: float = ROW_COST,
+                 max_preemptions: int = MAX_PREEMPTIONS, step_cost: StepCost = CPU_STEP_COST,
                  stream_cells: int | None = None) -> None:
         if batch_size < parallel:
             # Every running sequence's decode token must fit in one batch, or some would starve.
@@ -56,7 +57,7 @@ class Scheduler(OutsideEntries, ChunkMoves):
         self.parallel = parallel
         self.cache_slots = cache_slots
         self.max_preemptions = max_preemptions
-        self.draft_row_cost = draft_row_cost
+        self.step_cost = step_cost
         self.speculation = SpeculationStats()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last is the first to be preempted
@@ -193,7 +194,7 @@ class Scheduler(OutsideEntries, ChunkMoves):
         # cost a whole token's time). Their cells are free ones, freed again before anything else is laid out.
         if not any(s.phase is Phase.PREFILL and s.leader is None for s in self.running):
             room = min(self.batch_size - len(plan.tokens), self.free_cells)
-            for sequence, length in lay_out_drafts(plan, room, self.draft_row_cost):
+            for sequence, length in lay_out_drafts(plan, room, self.step_cost):
                 self.ledger.grow(sequence.seq_id, length)
         room = self.batch_size - len(plan.tokens)
         for sequence in self.running:

@@ -5,12 +5,13 @@ time: a draft of k tokens (engine/drafting.py) is verified in the same `llama_de
 token, and the longest prefix the sampler agrees with, plus its own next token, is kept (engine/acceptance.py).
 
 A sequence drafts only while its recent acceptance rate is above a gate (higher beside other sequences, where a row's
-cost buys less), and then whether a draft row pays is a cost model. A step of N rows costs about
-`1 + ROW_COST * N` (in units of its fixed cost, the weights read once); a draft token at position j is worth p^j
-tokens, p being the sequence's recent rate of accepted draft positions for a match of that n-gram size. `allocate` adds draft rows across the batch in order of
-their worth while each is worth more than the tokens per cost the step already makes, so a sequence whose drafts
-keep failing (free prose) stops drafting, a sequence whose drafts are accepted drafts longer, and a batch full of
-sequences (where a row's cost is shared by more tokens) drafts only the surest guesses.
+cost buys less), and then how many draft rows a step verifies is decided by a cost model of the step
+(engine/step_cost.py: rows cost in groups of 4 on the CPU, and by the cells they attend). A draft token at position j
+is worth p^j tokens, p being the sequence's recent rate of accepted draft positions for a match of that n-gram size.
+`allocate` ranks the candidate rows of the whole batch by worth and keeps the number of them that makes the most
+tokens per unit of the step's cost, so a sequence whose drafts keep failing (free prose) stops drafting, a sequence
+whose drafts are accepted drafts longer, and a batch full of sequences (where a row's cost is shared by more tokens)
+drafts only the surest guesses.
 
 Sampled requests (temperature > 0) speculate too, and their output distribution is unchanged: for a draft that is
 one guess (a point mass q), the standard speculative-sampling rule — accept the draft token d with probability
@@ -26,18 +27,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from edge_llm.engine.drafting import NGRAM_SIZES, Draft, NgramDrafter
+from edge_llm.engine.step_cost import CPU_STEP_COST, GROUP, StepCost
 
 if TYPE_CHECKING:
     from edge_llm.engine.sequence import Sequence
     from edge_llm.engine.step_plan import StepPlan
 
-# The cost of one more batch row (with its logits) relative to the fixed cost of a decode step, on the default model
-# on 2 cores: 0.41-0.83 measured in process (benchmarks/README.md, speculative decoding). 0.6 kept the gain on code
-# and on prose at one client, but alone it let free JSON (drafts accepted about half the time) and prose at 4-8
-# clients draft at a loss of 7-16%: the gates below keep those from drafting. A constant,
-# not measured as the engine runs: the drafts, and so the batches, must follow from the tokens alone, or a request
-# that runs alone would not repeat its answer (docs/architecture.md, Repeatability).
-ROW_COST = 0.6
 MAX_DRAFT = 32  # draft tokens a sequence verifies in one step at most
 # Draft tokens in one step at most: every row carries logits, and llama.cpp's output buffer holds the largest step's
 # (n_vocab floats a row, 0.6 MB on the default model), reserved at load (config.logit_rows).
@@ -49,19 +44,20 @@ STATS_POSITIONS = MAX_DRAFT
 DECAY = 0.9
 PRIOR_RATE = 0.92
 PRIOR_WEIGHT = 2.0
-# Below these rates a sequence does not draft at all, whatever the cost model says: on a CPU whose decode is compute-
-# bound (2 cores), a draft row costs nearly a token's time, so only sure guesses pay. Measured (benchmarks/results/
-# speculative.md): alone, drafts accepted 88% of the time paid (prose, 1.37x) and 54% did not (free JSON, 0.84x);
-# beside other sequences, 94% paid (code, 4 clients, 1.51x) and 74-83% did not (prose at 4 and 8 clients, 0.88x).
+# Below these rates a sequence does not draft at all, whatever the cost model says: a rate is an estimate from the
+# last few drafts, and on a CPU whose decode is compute-bound (2 cores) a draft row costs a large part of a token's
+# time, so only sure guesses pay. Measured (benchmarks/results/speculative.md): alone, drafts accepted 88% of the
+# time paid (prose, 1.37x) and 54% did not (free JSON, 0.84x); beside other sequences, 94% paid (code, 4 clients,
+# 1.51x) and 74-83% did not (prose at 4 and 8 clients, 0.88x).
 GATE_ALONE = 0.8
 GATE_BATCHED = 0.9
 # A gated rate drifts back towards the prior by this factor a step, so a sequence tries again after ~90 tokens (its
 # text may have turned into something it can predict, e.g. code after an explanation).
 RECOVERY = 0.97
-# A rate that is still the prior alone drafts this many tokens at most: a first guess that fails costs two rows, not
-# the five the prior's cost model would verify (free JSON's first guesses fail; code's pass, and it drafts longer from
-# its next step).
-FIRST_DRAFT = 2
+# A rate that is still the prior alone drafts this many tokens at most: a first guess that fails costs one group of
+# rows (4 with the decoding row: little more than 2 or 3), not the groups the prior's cost model would verify (free JSON's
+# first guesses fail; code's pass, and it drafts longer from its next step).
+FIRST_DRAFT = GROUP - 1
 
 
 @dataclass
@@ -141,33 +137,37 @@ class Speculation:
 
 
 def allocate(candidates: list[tuple[Speculation, Draft]], decode_rows: int, room: int,
-             row_cost: float = ROW_COST) -> list[int]:
-    """How many tokens of each candidate draft go into this step (0: none), given the step's `decode_rows` and at
-    most `room` draft rows. Greedy by worth: a row is added while its expected tokens exceed what the step yields
-    per unit of cost so far times the row's cost."""
+             cost: StepCost = CPU_STEP_COST, cells: list[int] | None = None, decode_cells: int = 0) -> list[int]:
+    """How many tokens of each candidate draft go into this step (0: none), given the step's `decode_rows` (their
+    sequences holding `decode_cells` cells) and at most `room` draft rows; `cells[i]`: the cells candidate i's
+    sequence holds (its draft rows attend them). The candidate rows, best worth first (a sequence's position j only
+    after its j - 1), are kept up to the count that makes the most expected tokens per unit of the step's cost."""
     lengths = [0] * len(candidates)
+    cells = cells if cells is not None else [0] * len(candidates)
     rates = [spec.rate(draft.ngram) for spec, draft in candidates]
     least = gate(decode_rows)
     heap = [(-rate, i, 1) for i, rate in enumerate(rates) if candidates[i][1].tokens and rate >= least]
     heapq.heapify(heap)
+    ranked: list[int] = []  # the candidate each row belongs to, best worth first
     tokens = float(decode_rows)
-    cost = 1.0 + row_cost * decode_rows
-    added = 0
-    while heap and added < min(room, MAX_DRAFT_ROWS):
+    draft_cells = 0
+    best_value, best_count = tokens / cost(decode_rows, decode_cells, 0, 0), 0
+    while heap and len(ranked) < min(room, MAX_DRAFT_ROWS):
         negative_worth, i, position = heapq.heappop(heap)
-        worth = -negative_worth
-        if worth <= row_cost * tokens / cost:
-            break  # the heap is ordered by worth: no later row pays either
-        lengths[i] = position
-        tokens += worth
-        cost += row_cost
-        added += 1
+        ranked.append(i)
+        tokens -= negative_worth
+        draft_cells += cells[i]
+        value = tokens / cost(decode_rows, decode_cells, len(ranked), draft_cells)
+        if value > best_value:
+            best_value, best_count = value, len(ranked)
         if position < len(candidates[i][1].tokens):
-            heapq.heappush(heap, (-(worth * rates[i]), i, position + 1))
+            heapq.heappush(heap, (negative_worth * rates[i], i, position + 1))
+    for i in ranked[:best_count]:
+        lengths[i] += 1
     return lengths
 
 
-def lay_out_drafts(plan: StepPlan, room: int, row_cost: float = ROW_COST) -> list[tuple[Sequence, int]]:
+def lay_out_drafts(plan: StepPlan, room: int, cost: StepCost = CPU_STEP_COST) -> list[tuple[Sequence, int]]:
     """Adds the drafts worth verifying to `plan`, after its decode tokens (at most `room` rows and cells), each at
     the positions after its sequence's pending token; the caller charges the cells. Returns (sequence, rows)."""
     candidates: list[tuple[Speculation, Draft]] = []
@@ -186,8 +186,10 @@ def lay_out_drafts(plan: StepPlan, room: int, row_cost: float = ROW_COST) -> lis
         return []
     added: list[tuple[Sequence, int]] = []
     least = gate(len(plan.samples))
-    for sequence, (speculation, draft), length in zip(owners, candidates,
-                                                    allocate(candidates, len(plan.samples), room, row_cost)):
+    decode_cells = sum(sequence.n_past for sequence, _ in plan.samples)
+    lengths = allocate(candidates, len(plan.samples), room, cost, [sequence.n_past for sequence in owners],
+                       decode_cells)
+    for sequence, (speculation, draft), length in zip(owners, candidates, lengths):
         if not length:
             if speculation.rate(draft.ngram) < least:
                 speculation.rates[draft.ngram].recover()
