@@ -41,7 +41,7 @@ from pathlib import Path
 
 from suite.plan import RESULTS
 
-PARTS = ("structured", "real-client", "infill", "speculative", "determinism", "kv-types", "prefix-restart")  # suite/parts.py
+PARTS = ("structured", "real-client", "infill", "speculative", "step-cost", "determinism", "kv-types", "prefix-restart")  # suite/parts.py
 
 
 def _positive(text: str) -> int:

@@ -37,9 +37,10 @@ from .real_client import (BUDGET_S, CLIENTS, PREFIX_RULES, QUESTIONS, QUICK_BUDG
                           TEMPERATURE, run_real_client)
 from .run import git_commit
 from .speculative import PEER_FLAGS as SPECULATIVE_PEER_FLAGS
-from .speculative import NGRAM, OFF, row_costs, run_speculative, speculative_markdown, speculative_targets
+from .speculative import NGRAM, OFF, run_speculative, speculative_markdown, speculative_targets
 from .speculative import LEVELS as SPECULATIVE_LEVELS
 from .speculative import PEER as SPECULATIVE_PEER
+from .step_cost import run_step_cost, step_cost_markdown
 from .structured import (
     ANSWER_TOKENS,
     LEVELS,
@@ -55,7 +56,7 @@ from .structured_report import OURS, PEER, real_client_markdown, structured_mark
 
 logger = logging.getLogger(__name__)
 
-PARTS = ("structured", "real-client", "infill", "speculative", "determinism", "kv-types", "prefix-restart")
+PARTS = ("structured", "real-client", "infill", "speculative", "step-cost", "determinism", "kv-types", "prefix-restart")
 
 
 def measured_commit() -> str:
@@ -180,9 +181,6 @@ def run_speculative_part(args: argparse.Namespace, plan: Plan, model: Path, bina
         results["targets"] = speculative_targets(results)
         write_part(args.out, "speculative", results)
 
-    if not plan.quick and not args.workloads:  # minutes on a busy machine
-        wait_for_quiet("row costs", plan.quiet_wait_s)
-        results["row_cost"] = row_costs(model)
     with ExitStack() as stack:
         found: dict[str, tuple[str, int]] = {}
         for name, mode in ((OFF, "off"), (NGRAM, "ngram")):
@@ -195,6 +193,11 @@ def run_speculative_part(args: argparse.Namespace, plan: Plan, model: Path, bina
             found[SPECULATIVE_PEER] = (running.url, running.process.pid)
         checkpoint(run_speculative(found, plan, checkpoint, workloads, args.repeats))
     return results
+
+
+def run_step_cost_part(args: argparse.Namespace, plan: Plan, model: Path, binary: Path | None) -> dict[str, Any]:
+    wait_for_quiet("step cost", plan.quiet_wait_s)
+    return {"meta": {**metadata(model, plan, None), "peer_note": "ours only"}, **run_step_cost(model, plan.quick)}
 
 
 def run_determinism_part(args: argparse.Namespace, plan: Plan, model: Path, binary: Path | None) -> dict[str, Any]:
@@ -240,6 +243,7 @@ RUNNERS: dict[str, tuple[Callable[..., dict[str, Any]], Callable[[dict[str, Any]
     "real-client": (run_real_client_part, real_client_markdown),
     "infill": (run_infill_part, infill_markdown),
     "speculative": (run_speculative_part, speculative_markdown),
+    "step-cost": (run_step_cost_part, step_cost_markdown),
     "determinism": (run_determinism_part, determinism_markdown),
     "kv-types": (run_kv_types_part, kv_types_markdown),
     "prefix-restart": (run_prefix_restart_part, prefix_restart_markdown),

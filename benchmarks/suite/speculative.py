@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from .measure import measure_quietly
-from .plan import THREADS, Plan
+from .plan import Plan
 from .report import fmt, pct, target
 
 logger = logging.getLogger(__name__)
@@ -232,61 +232,6 @@ def merge_repeats(repeats: list[dict[str, Any]]) -> dict[str, Any]:
             "neighbour_cpu": max(r.get("neighbour_cpu", 0.0) for r in repeats)}
 
 
-ROW_COST_SCENARIOS = (("1 sequence", 1, 0), ("1 sequence, 5 idle ones holding cells", 1, 5), ("4 sequences", 4, 0))
-ROW_COST_PROMPT = 700  # cells each sequence holds (about a code-edit request's prompt)
-
-
-def row_costs(model: Path, extra: tuple[int, ...] = (0, 1, 2, 4, 8, 16), repeats: int = 7) -> dict[str, Any]:
-    """In process, through the engine's runner with the server's context settings: the time of a decode step of
-    b sequences' next tokens plus k more rows with logits (drafts), medians of `repeats`, in each scenario of
-    ROW_COST_SCENARIOS (b decoding, others only holding cells: llama.cpp's unified cache attends over every cell in
-    use); and the row cost it implies (engine/speculation.py ROW_COST: with a step of N rows taking F (1 + c N),
-    c = a row's time / F, fitted by least squares)."""
-    from edge_llm.engine.llama.runner import ContextConfig, LlamaRunner
-    from edge_llm.engine.step_plan import KvTrim, StepPlan
-
-    runner = LlamaRunner(model, ContextConfig(n_ctx=8192, n_batch=512, n_seq_max=16, n_threads=THREADS,
-                                              n_threads_batch=THREADS))
-    source = runner.tokenize(SOURCE, add_special=False, parse_special=False)
-    prompt = (source * (ROW_COST_PROMPT // len(source) + 1))[:ROW_COST_PROMPT]
-    steps: dict[str, dict[str, float]] = {}
-    try:
-        for label, decoding, idle in ROW_COST_SCENARIOS:
-            runner.clear_kv()
-            for seq in range(decoding + idle):
-                for start in range(0, len(prompt), 512):
-                    chunk = StepPlan()
-                    for position in range(start, min(start + 512, len(prompt))):
-                        chunk.add(prompt[position], position, seq, False)
-                    runner.decode(chunk)
-            steps[label] = {}
-            for k in extra:
-                times = []
-                for _ in range(repeats):
-                    plan = StepPlan()
-                    for seq in range(decoding):
-                        plan.add(prompt[0], len(prompt), seq, True)
-                    for offset in range(k):
-                        plan.add(prompt[offset], len(prompt) + 1 + offset, 0, True)
-                    started = time.perf_counter()
-                    runner.decode(plan)
-                    times.append(time.perf_counter() - started)
-                    runner.apply_kv_ops([KvTrim(seq, len(prompt)) for seq in range(decoding)])
-                steps[label][str(k)] = statistics.median(times) * 1000
-        runner.clear_kv()
-    finally:
-        runner.close()
-    fits = {}
-    for label, decoding, _ in ROW_COST_SCENARIOS:
-        by_rows = steps[label]
-        xs, ys = [float(k) for k in by_rows], list(by_rows.values())
-        mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
-        per_row = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs)
-        step = mean_y - per_row * mean_x  # the step without drafts: F (1 + c b)
-        fits[label] = {"per_row_ms": per_row, "step_ms": step, "row_cost": per_row / (step - per_row * decoding)}
-    return {"step_ms": steps, "fits": fits}
-
-
 # ---- ratios, targets, Markdown (pure) ----------------------------------------------------------------------
 
 
@@ -364,17 +309,6 @@ def speculative_markdown(results: dict[str, Any]) -> str:
                     f"{fmt(ratio(runs, server, workload, clients, 'aggregate_tok_s'), digits=2)} | "
                     f"{share(run.get('acceptance'))} | "
                     f"{f'{same[0]}/{same[1]}' if same else ''} | {pct(run.get('neighbour_cpu'))} |")
-    costs = results.get("row_cost")
-    if costs:
-        lines += ["", f"What a draft row costs (in process: decode steps plus k rows with logits, ms, medians; each "
-                  f"sequence holds {ROW_COST_PROMPT} cells):", "",
-                  "| scenario | " + " | ".join(f"k={k}" for k in next(iter(costs["step_ms"].values())))
-                  + " | ms a row | row cost (a row / the fixed part) |",
-                  "|---:|" + "---:|" * (len(next(iter(costs["step_ms"].values()))) + 2)]
-        for b, by_rows in costs["step_ms"].items():
-            fit = costs["fits"][b]
-            lines.append(f"| {b} | " + " | ".join(fmt(v) for v in by_rows.values())
-                         + f" | {fmt(fit['per_row_ms'], digits=2)} | {fmt(fit['row_cost'], digits=3)} |")
     lines += ["", "| target | value | bound | met | repeats (ratio each, paired) |", "|---|---:|---:|---|---|"]
     for check in results.get("targets") or speculative_targets(results):
         verdict = {True: "yes", False: "**no**", None: "–"}[check["pass"]]

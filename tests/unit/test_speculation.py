@@ -16,6 +16,7 @@ from edge_llm.engine.speculation import (
     FIRST_DRAFT,
     MAX_DRAFT_ROWS,
     PRIOR_RATE,
+    SHORT_MATCH_PRIOR,
     GATE_ALONE,
     GATE_BATCHED,
     AcceptanceRate,
@@ -150,6 +151,25 @@ def test_a_new_ngram_size_starts_from_what_the_sequence_has_learnt_and_the_longe
     assert speculation.rate(max(NGRAM_SIZES)) == PRIOR_RATE
 
 
+def test_a_fresh_sequence_guesses_from_a_short_match_alone_and_only_from_the_longest_beside_others() -> None:
+    short, longest = Draft((1, 2, 3), min(NGRAM_SIZES)), Draft((1, 2, 3), max(NGRAM_SIZES))
+    assert GATE_ALONE <= SHORT_MATCH_PRIOR < GATE_BATCHED <= PRIOR_RATE
+    assert allocate([(Speculation(), short)], decode_rows=1, room=32) == [3]
+    assert allocate([(Speculation(), short)] * 4, decode_rows=4, room=32) == [0, 0, 0, 0]
+    assert sum(allocate([(Speculation(), longest)] * 4, decode_rows=4, room=32)) > 0
+    # Once its drafts were accepted, its short matches draft beside others too.
+    confirmed = Speculation()
+    confirmed.in_flight, confirmed.in_flight_ngram = (1, 2, 3), max(NGRAM_SIZES)
+    confirmed.verified(3)
+    assert confirmed.rate(min(NGRAM_SIZES)) >= GATE_BATCHED
+    # A short size that failed drifts back to its own prior, under the gate beside others.
+    rate = AcceptanceRate.starting_at(SHORT_MATCH_PRIOR)
+    rate.update(reached=1, accepted=0)
+    for _ in range(500):
+        rate.recover()
+    assert rate.rate == pytest.approx(SHORT_MATCH_PRIOR)
+
+
 def test_a_first_guess_is_short_and_a_confirmed_one_long() -> None:
     speculation = Speculation()
     history = list(range(40)) + list(range(10))  # the last tokens occurred before: a long continuation follows
@@ -204,10 +224,10 @@ def test_a_long_context_makes_drafts_shorter_or_none() -> None:
 
 def test_allocation_respects_room_and_the_draft_length() -> None:
     sure = speculation_with_rate(16, 16)
-    lengths = allocate([(sure, Draft((1, 2, 3), 4)), (sure, Draft(tuple(range(16)), 4))], decode_rows=2, room=5,
+    lengths = allocate([(sure, Draft((1, 2, 3), 3)), (sure, Draft(tuple(range(16)), 3))], decode_rows=2, room=5,
                        cost=StepCost.linear(0.0))
     assert sum(lengths) == 5 and lengths[0] <= 3
-    many = [(sure, Draft(tuple(range(32)), 4)) for _ in range(4)]
+    many = [(sure, Draft(tuple(range(32)), 3)) for _ in range(4)]
     assert sum(allocate(many, decode_rows=4, room=1000, cost=StepCost.linear(0.0))) == MAX_DRAFT_ROWS
     assert allocate([(sure, Draft((), 4))], decode_rows=1, room=10) == [0]
 

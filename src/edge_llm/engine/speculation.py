@@ -44,6 +44,12 @@ STATS_POSITIONS = MAX_DRAFT
 DECAY = 0.9
 PRIOR_RATE = 0.92
 PRIOR_WEIGHT = 2.0
+# The prior of a match shorter than the longest n-gram size, until the sequence has verified drafts: between the
+# gates, so alone every size tries, and beside other sequences only the longest does (where a failed guess costs a
+# group of rows for the whole batch). Code sent back whole matches 8-grams at once and its drafts then raise every
+# size's rate; free JSON's short matches (a key, then a value it does not repeat) mostly fail (paired repeats, 2 Dec:
+# JSON at 4 clients 0.95x with short matches trying from the prior, 33-37% of drafted tokens accepted).
+SHORT_MATCH_PRIOR = 0.85
 # Below these rates a sequence does not draft at all, whatever the cost model says: a rate is an estimate from the
 # last few drafts, and on a CPU whose decode is compute-bound (2 cores) a draft row costs a large part of a token's
 # time, so only sure guesses pay. Measured (benchmarks/results/speculative.md): alone, drafts accepted 88% of the
@@ -67,6 +73,11 @@ class AcceptanceRate:
     accepted: float = PRIOR_RATE * PRIOR_WEIGHT
     reached: float = PRIOR_WEIGHT
     verified: int = 0  # positions ever verified: 0 means the rate is the prior alone
+    prior: float = PRIOR_RATE  # what a rate not drafted from drifts back to
+
+    @classmethod
+    def starting_at(cls, prior: float) -> AcceptanceRate:
+        return cls(prior * PRIOR_WEIGHT, PRIOR_WEIGHT, 0, prior)
 
     @property
     def rate(self) -> float:
@@ -80,11 +91,11 @@ class AcceptanceRate:
 
     def recover(self) -> None:
         """One step without drafting: the rate moves a little towards the prior (its weight stays)."""
-        prior = PRIOR_RATE * self.reached
+        prior = self.prior * self.reached
         self.accepted = prior + (self.accepted - prior) * RECOVERY
 
     def copy(self) -> AcceptanceRate:
-        return AcceptanceRate(self.accepted, self.reached, self.verified)
+        return AcceptanceRate(self.accepted, self.reached, self.verified, self.prior)
 
 
 def gate(decode_rows: int) -> float:
@@ -101,7 +112,7 @@ class Speculation:
     # Every verified position of any n-gram size: where a sequence first drafts from a match of a new size, its rate
     # starts from this, not from the prior (free JSON tried each of the four sizes at the prior's long draft, each
     # failing at once).
-    pooled: AcceptanceRate = field(default_factory=AcceptanceRate)
+    pooled: AcceptanceRate = field(default_factory=lambda: AcceptanceRate.starting_at(SHORT_MATCH_PRIOR))
     candidate: Draft | None = None  # proposed this step, before the allocation cuts it
     in_flight: tuple[int, ...] = ()  # the draft in this step's batch, verified after the decode
     in_flight_ngram: int = 0
