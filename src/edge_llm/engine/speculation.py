@@ -61,8 +61,8 @@ GATE_BATCHED = 0.9
 # text may have turned into something it can predict, e.g. code after an explanation).
 RECOVERY = 0.97
 # A rate that is still the prior alone drafts this many tokens at most: a first guess that fails costs one group of
-# rows (4 with the decoding row: little more than 2 or 3), not the groups the prior's cost model would verify (free JSON's
-# first guesses fail; code's pass, and it drafts longer from its next step).
+# rows (4 with the decoding row: little more than 2 or 3), not the groups the prior's cost model would verify (free
+# JSON's first guesses fail; code's pass, and it drafts longer from its next step).
 FIRST_DRAFT = GROUP - 1
 
 
