@@ -216,7 +216,7 @@ def compile_costs(model: Path, repeats: int = 20) -> list[dict[str, Any]]:
     compiled one (llama_sampler_clone: what it does now), medians of `repeats`."""
     import llama_cpp
 
-    from edge_llm.engine.llama.runner import json_schema_to_grammar
+    from edge_llm.engine.llama.schema_grammar import json_schema_to_grammar
     from edge_llm.prompting.tools import forced_call_grammar
 
     params = llama_cpp.llama_model_default_params()

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from edge_llm.engine.llama.runner import json_schema_to_grammar
+from edge_llm.engine.llama.schema_grammar import json_schema_to_grammar
 from edge_llm.testing.server import MODEL, RunningServer, run_server
 from tests.helpers import sse_events
 from tests.reliability.support import (

@@ -234,6 +234,6 @@ class EngineClient:
         schema takes a while): call it in the tokenizer thread."""
         # runner is the only module importing llama_cpp (which loads the native library): imported when first
         # needed, so that the API imports without it (unit tests run the engine with fake runners).
-        from edge_llm.engine.llama.runner import json_schema_to_grammar
+        from edge_llm.engine.llama.schema_grammar import json_schema_to_grammar
 
         return json_schema_to_grammar(schema)

@@ -7,19 +7,16 @@
 from __future__ import annotations
 
 import ctypes
-import json
 import logging
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
 import numpy as np
-from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-from edge_llm.engine.grammar import CompiledGrammars, GrammarError, check_grammar_limits, check_schema_limits
+from edge_llm.engine.grammar import CompiledGrammars, GrammarError, check_grammar_limits
 from edge_llm.engine.embeddings import EMBEDDING_MAX_TOKENS
 from edge_llm.engine.kv_types import KV_TYPES
 from edge_llm.engine.llama.embedding import EmbeddingContext
@@ -59,25 +56,6 @@ llama_cpp.llama_backend_init()
 
 class ModelLoadError(RuntimeError):
     pass
-
-
-# llama-cpp-python's converter allows one optional space between tokens; llama.cpp's (common/json-schema-to-grammar,
-# which llama-server uses) also allows a line break and indentation. The model writes JSON indented, as it learnt
-# it: with one space only, every `{\n  ` it prefers is rejected and resampled under the whole grammar.
-_PYTHON_SPACE_RULE = re.compile(r'^space ::= " "\?$', re.MULTILINE)
-LLAMA_CPP_SPACE_RULE = 'space ::= | " " | "\\n"{1,2} [ \\t]{0,20}'
-
-
-def json_schema_to_grammar(schema: dict) -> str:
-    """GBNF for a JSON schema, via llama-cpp-python's converter (pure Python) with llama.cpp's whitespace rule,
-    after the schema's bounds."""
-    check_schema_limits(schema)
-    try:
-        return _PYTHON_SPACE_RULE.sub(lambda _: LLAMA_CPP_SPACE_RULE, json_schema_to_gbnf(json.dumps(schema)))
-    except RecursionError:
-        raise GrammarError("the JSON schema is nested too deeply") from None
-    except Exception as exc:  # the converter raises assorted errors for schemas it cannot handle
-        raise GrammarError(f"the JSON schema cannot be turned into a grammar: {exc}") from None
 
 
 class DecodeError(RuntimeError):

@@ -1,0 +1,68 @@
+"""GBNF for a request's JSON schema: llama-cpp-python's converter (pure Python), with llama.cpp's whitespace rule
+and an integer's bounds enforced, after the schema's own limits (engine/grammar.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from llama_cpp.llama_grammar import RESERVED_NAMES, SchemaConverter
+
+from edge_llm.engine.grammar import GrammarError, check_schema_limits
+from edge_llm.engine.integer_range import integer_range_rule
+
+# llama-cpp-python's converter allows one optional space between tokens; llama.cpp's (common/json-schema-to-grammar,
+# which llama-server uses) also allows a line break and indentation. The model writes JSON indented, as it learnt
+# it: with one space only, every `{\n  ` it prefers is rejected and resampled under the whole grammar.
+_PYTHON_SPACE_RULE = re.compile(r'^space ::= " "\?$', re.MULTILINE)
+LLAMA_CPP_SPACE_RULE = 'space ::= | " " | "\\n"{1,2} [ \\t]{0,20}'
+
+
+_INTEGER_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+class _BoundedIntegers(SchemaConverter):  # type: ignore[misc]
+    """llama-cpp-python's converter, with an integer's bounds enforced (it ignores them; engine/integer_range.py)."""
+
+    def visit(self, schema: Any, name: str) -> Any:
+        if isinstance(schema, dict) and schema.get("type") == "integer" and any(k in schema for k in _INTEGER_BOUNDS):
+            low = _bound(schema, "minimum", "exclusiveMinimum", 1)
+            high = _bound(schema, "maximum", "exclusiveMaximum", -1)
+            rule = integer_range_rule(low, high)
+            if not rule:
+                raise GrammarError(f"the JSON schema's integer bounds admit no integer ({low}..{high})")
+            return self._add_rule(name + "-" if name in RESERVED_NAMES else name or "root", f"({rule}) space")
+        return super().visit(schema, name)
+
+
+def _bound(schema: dict, inclusive: str, exclusive: str, step: int) -> int | None:
+    """The least (step 1) or greatest (step -1) integer a schema's bound admits."""
+    bounds = []
+    if isinstance(schema.get(inclusive), (int, float)) and not isinstance(schema.get(inclusive), bool):
+        bounds.append(math.ceil(schema[inclusive]) if step > 0 else math.floor(schema[inclusive]))
+    if isinstance(schema.get(exclusive), (int, float)) and not isinstance(schema.get(exclusive), bool):
+        value = schema[exclusive]
+        bounds.append(math.floor(value) + 1 if step > 0 else math.ceil(value) - 1)
+    if not bounds:
+        return None
+    return max(bounds) if step > 0 else min(bounds)
+
+
+def _schema_to_gbnf(schema: dict) -> str:
+    converter = _BoundedIntegers(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    converter.visit(converter.resolve_refs(schema, "stdin"), "")
+    return converter.format_grammar()
+
+
+def json_schema_to_grammar(schema: dict) -> str:
+    """GBNF for a JSON schema, via llama-cpp-python's converter (pure Python) with llama.cpp's whitespace rule and
+    integer bounds, after the schema's bounds."""
+    check_schema_limits(schema)
+    try:
+        return _PYTHON_SPACE_RULE.sub(lambda _: LLAMA_CPP_SPACE_RULE, _schema_to_gbnf(json.loads(json.dumps(schema))))
+    except RecursionError:
+        raise GrammarError("the JSON schema is nested too deeply") from None
+    except Exception as exc:  # the converter raises assorted errors for schemas it cannot handle
+        raise GrammarError(f"the JSON schema cannot be turned into a grammar: {exc}") from None
