@@ -11,7 +11,8 @@ from collections.abc import Iterator
 import llama_cpp
 import pytest
 
-from edge_llm.engine.llama.runner import ContextConfig, LlamaRunner, json_schema_to_grammar
+from edge_llm.engine.llama.runner import ContextConfig, LlamaRunner
+from edge_llm.engine.llama.schema_grammar import json_schema_to_grammar
 from edge_llm.engine.scheduler import StepPlan
 from edge_llm.engine.types import SamplingParams
 from edge_llm.testing.server import MODEL
@@ -116,3 +117,33 @@ def test_json_grammars_let_the_model_indent_as_llama_server_does(runner: LlamaRu
                 llama_cpp.llama_sampler_accept(grammar, token)
     finally:
         llama_cpp.llama_sampler_free(grammar)
+
+
+def grammar_takes(runner: LlamaRunner, grammar_text: str, text: str) -> bool:
+    """Whether llama.cpp's grammar sampler lets `text` through token by token, and then the end."""
+    vocab = llama_cpp.llama_model_get_vocab(runner._model)  # noqa: SLF001
+    grammar = llama_cpp.llama_sampler_init_grammar(vocab, grammar_text.encode(), b"root")
+    one = (llama_cpp.llama_token_data * 1)()
+    array = llama_cpp.llama_token_data_array(data=one, size=1, selected=-1, sorted=False)
+    end = llama_cpp.llama_vocab_eos(vocab)
+    try:
+        for token in [*(runner.tokenize(c, add_special=False, parse_special=False)[0] for c in text), end]:
+            one[0].id, one[0].logit, array.size = token, 1.0, 1
+            llama_cpp.llama_sampler_apply(grammar, ctypes.pointer(array))
+            if one[0].logit == float("-inf"):
+                return False
+            if token != end:
+                llama_cpp.llama_sampler_accept(grammar, token)
+        return True
+    finally:
+        llama_cpp.llama_sampler_free(grammar)
+
+
+def test_an_integer_schema_keeps_its_bounds_in_llama_cpps_grammar(runner: LlamaRunner) -> None:
+    bounded = json_schema_to_grammar({"type": "object", "properties": {"n": {"type": "integer", "minimum": -3,
+                                                                              "exclusiveMaximum": 120}},
+                                      "required": ["n"]})
+    for n in (-3, -1, 0, 7, 10, 99, 119):
+        assert grammar_takes(runner, bounded, f'{{"n": {n}}}'), n
+    for text in ("-4", "120", "200", "1000", "-10", "007", "-0"):
+        assert not grammar_takes(runner, bounded, f'{{"n": {text}}}'), text
