@@ -97,53 +97,48 @@ def test_the_lazy_grammar_check_picks_what_grammar_first_picks(runner: LlamaRunn
     assert len(picked) >= 8, runner.detokenize(picked)
 
 
-def test_json_grammars_let_the_model_indent_as_llama_server_does(runner: LlamaRunner) -> None:
-    """The JSON grammars take llama.cpp's whitespace rule (a line break and indentation between tokens), not only
-    one optional space: an indented answer, the way this model writes JSON, is allowed token by token, and the end
-    is reached."""
-    grammar = llama_cpp.llama_sampler_init_grammar(llama_cpp.llama_model_get_vocab(runner._model),  # noqa: SLF001
-                                                   json_schema_to_grammar(SCHEMAS["person"]).encode(), b"root")
-    one = (llama_cpp.llama_token_data * 1)()
-    array = llama_cpp.llama_token_data_array(data=one, size=1, selected=-1, sorted=False)
-    end = llama_cpp.llama_vocab_eos(llama_cpp.llama_model_get_vocab(runner._model))  # noqa: SLF001
-    # (no space after an enum value, in llama.cpp's converter as in llama-cpp-python's)
-    text = '{\n  "name": "Ada",\n  "age": 36,\n  "tags": [\n    "a",\n    "c"]\n}'
-    try:
-        for token in runner.tokenize(text, add_special=False, parse_special=False) + [end]:
-            one[0].id, one[0].logit, array.size = token, 1.0, 1
-            llama_cpp.llama_sampler_apply(grammar, ctypes.pointer(array))
-            assert one[0].logit != float("-inf"), f"the grammar refused {runner.detokenize([token])!r}"
-            if token != end:
-                llama_cpp.llama_sampler_accept(grammar, token)
-    finally:
-        llama_cpp.llama_sampler_free(grammar)
-
-
-def grammar_takes(runner: LlamaRunner, grammar_text: str, text: str) -> bool:
-    """Whether llama.cpp's grammar sampler lets `text` through token by token, and then the end."""
+def grammar_refusal(runner: LlamaRunner, grammar_text: str, tokens: list[int]) -> int | None:
+    """The first of `tokens`, then the end token, that llama.cpp's grammar sampler refuses (None: all let through),
+    each accepted into the grammar before the next."""
     vocab = llama_cpp.llama_model_get_vocab(runner._model)  # noqa: SLF001
     grammar = llama_cpp.llama_sampler_init_grammar(vocab, grammar_text.encode(), b"root")
     one = (llama_cpp.llama_token_data * 1)()
     array = llama_cpp.llama_token_data_array(data=one, size=1, selected=-1, sorted=False)
     end = llama_cpp.llama_vocab_eos(vocab)
     try:
-        for token in [*(runner.tokenize(c, add_special=False, parse_special=False)[0] for c in text), end]:
+        for token in [*tokens, end]:
             one[0].id, one[0].logit, array.size = token, 1.0, 1
             llama_cpp.llama_sampler_apply(grammar, ctypes.pointer(array))
             if one[0].logit == float("-inf"):
-                return False
+                return token
             if token != end:
                 llama_cpp.llama_sampler_accept(grammar, token)
-        return True
+        return None
     finally:
         llama_cpp.llama_sampler_free(grammar)
+
+
+def test_json_grammars_let_the_model_indent_as_llama_server_does(runner: LlamaRunner) -> None:
+    """The JSON grammars take llama.cpp's whitespace rule (a line break and indentation between tokens), not only
+    one optional space: an indented answer, the way this model writes JSON, is allowed token by token, and the end
+    is reached."""
+    # (no space after an enum value, in llama.cpp's converter as in llama-cpp-python's)
+    text = '{\n  "name": "Ada",\n  "age": 36,\n  "tags": [\n    "a",\n    "c"]\n}'
+    refused = grammar_refusal(runner, json_schema_to_grammar(SCHEMAS["person"]),
+                              runner.tokenize(text, add_special=False, parse_special=False))
+    assert refused is None, f"the grammar refused {runner.detokenize([refused])!r}"
 
 
 def test_an_integer_schema_keeps_its_bounds_in_llama_cpps_grammar(runner: LlamaRunner) -> None:
     bounded = json_schema_to_grammar({"type": "object", "properties": {"n": {"type": "integer", "minimum": -3,
                                                                               "exclusiveMaximum": 120}},
                                       "required": ["n"]})
+
+    def takes(text: str) -> bool:  # one token a character, so a refusal falls on the digit that breaks the bound
+        tokens = [runner.tokenize(c, add_special=False, parse_special=False)[0] for c in text]
+        return grammar_refusal(runner, bounded, tokens) is None
+
     for n in (-3, -1, 0, 7, 10, 99, 119):
-        assert grammar_takes(runner, bounded, f'{{"n": {n}}}'), n
+        assert takes(f'{{"n": {n}}}'), n
     for text in ("-4", "120", "200", "1000", "-10", "007", "-0"):
-        assert not grammar_takes(runner, bounded, f'{{"n": {text}}}'), text
+        assert not takes(f'{{"n": {text}}}'), text

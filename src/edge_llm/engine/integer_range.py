@@ -29,10 +29,8 @@ def _magnitudes(low: int, high: int | None) -> list[str]:
         start = 0 if digits == 1 else 10 ** (digits - 1)
         end = 10**digits - 1
         lo, hi = max(low, start), end if high is None else min(high, end)
-        if lo > hi:
-            if high is not None and start > high:
-                break
-            continue
+        if lo > hi:  # (low never passes this count's end: the counts start at low's) high is below it: done
+            break
         if high is None and lo == start and digits > 1:  # every longer number too: one pattern for the rest
             patterns.append(f"[1-9] [0-9]{{{digits - 1},{MAX_DIGITS - 1}}}")
             break
@@ -62,7 +60,7 @@ def _same_length(lo: int, hi: int, digits: int) -> list[str]:
         prefix, first = text[: digits - k - 1], text[digits - k - 1]
         last = str(pieces[j][0]).zfill(digits)[digits - k - 1]
         parts = [f'"{prefix}"'] if prefix else []
-        parts.append(first and (f'"{first}"' if first == last else f"[{first}-{last}]"))
+        parts.append(f'"{first}"' if first == last else f"[{first}-{last}]")
         if k:
             parts.append(f"[0-9]{{{k}}}")
         patterns.append(" ".join(parts))

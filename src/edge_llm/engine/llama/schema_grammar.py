@@ -18,8 +18,6 @@ from edge_llm.engine.integer_range import integer_range_rule
 # it: with one space only, every `{\n  ` it prefers is rejected and resampled under the whole grammar.
 _PYTHON_SPACE_RULE = re.compile(r'^space ::= " "\?$', re.MULTILINE)
 LLAMA_CPP_SPACE_RULE = 'space ::= | " " | "\\n"{1,2} [ \\t]{0,20}'
-
-
 _INTEGER_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 
 
@@ -39,15 +37,19 @@ class _BoundedIntegers(SchemaConverter):  # type: ignore[misc]
 
 def _bound(schema: dict, inclusive: str, exclusive: str, step: int) -> int | None:
     """The least (step 1) or greatest (step -1) integer a schema's bound admits."""
+    rounded = math.ceil if step > 0 else math.floor
     bounds = []
-    if isinstance(schema.get(inclusive), (int, float)) and not isinstance(schema.get(inclusive), bool):
-        bounds.append(math.ceil(schema[inclusive]) if step > 0 else math.floor(schema[inclusive]))
-    if isinstance(schema.get(exclusive), (int, float)) and not isinstance(schema.get(exclusive), bool):
-        value = schema[exclusive]
-        bounds.append(math.floor(value) + 1 if step > 0 else math.ceil(value) - 1)
+    if _is_number(value := schema.get(inclusive)):
+        bounds.append(rounded(value))
+    if _is_number(value := schema.get(exclusive)):
+        bounds.append(rounded(value + step) if value == int(value) else rounded(value))
     if not bounds:
         return None
     return max(bounds) if step > 0 else min(bounds)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _schema_to_gbnf(schema: dict) -> str:
@@ -61,6 +63,7 @@ def json_schema_to_grammar(schema: dict) -> str:
     integer bounds, after the schema's bounds."""
     check_schema_limits(schema)
     try:
+        # (on a copy: resolving $refs rewrites the schema in place, and the caller keeps its own)
         return _PYTHON_SPACE_RULE.sub(lambda _: LLAMA_CPP_SPACE_RULE, _schema_to_gbnf(json.loads(json.dumps(schema))))
     except RecursionError:
         raise GrammarError("the JSON schema is nested too deeply") from None
