@@ -163,19 +163,13 @@ def one_request(url: str, content: str, max_tokens: int, response_format: dict[s
             "drafted": timings.get("draft_n"), "accepted": timings.get("draft_n_accepted")}
 
 
-def run_level(url: str, workload: str, clients: int, rounds: int) -> dict[str, Any]:
-    """`clients` clients each sending `rounds` requests in turn, client i starting at task i; one client sends every
-    code and JSON task (the median is over tasks) and at least two prose ones."""
+def run_round(url: str, workload: str, clients: int, round_index: int) -> dict[str, Any]:
+    """`clients` clients sending one request each at once, client i task i + round_index × clients (in turn)."""
     tasks = prompts(workload)
-    if clients == 1:
-        rounds = max(rounds, 2 if workload == "prose" else len(tasks))
-
-    def client(index: int) -> list[dict[str, Any]]:
-        return [one_request(url, *tasks[(index + r * clients) % len(tasks)]) for r in range(rounds)]
-
     started = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(clients) as pool:
-        answers = [a for answers in pool.map(client, range(clients)) for a in answers]
+        answers = list(pool.map(lambda i: one_request(url, *tasks[(i + round_index * clients) % len(tasks)]),
+                                range(clients)))
     wall = time.monotonic() - started
     rates = [a["decode_tok_s"] for a in answers if a["decode_tok_s"]]
     drafted = sum(a["drafted"] or 0 for a in answers)
@@ -187,10 +181,17 @@ def run_level(url: str, workload: str, clients: int, rounds: int) -> dict[str, A
             "drafted": drafted, "texts": [a["text"] for a in answers]}
 
 
+def rounds_for(workload: str, clients: int, rounds: int, repeats: int) -> int:
+    """Rounds of a level on each server: at one client every task `repeats` times (the ratio is then paired by
+    task), otherwise `rounds` × `repeats`."""
+    return repeats * (len(prompts(workload)) if clients == 1 else rounds)
+
+
 def run_speculative(servers: dict[str, tuple[str, int]], plan: Plan, checkpoint: Callable[[dict[str, Any]], None],
                     workloads: tuple[str, ...] = tuple(LEVELS), repeats: int = 1) -> dict[str, Any]:
-    """Every level of `workloads`, the servers one right after the other, `repeats` times (ours off and ngram in
-    turn first: the machine's drift touches both alike); `servers`: name → (url, pid)."""
+    """Every level of `workloads`, round by round: each round (one request a client) runs on the servers one right
+    after the other (ours off and ngram in turn first), so the ratio of a round's pair is measured within seconds,
+    in the same spell of the machine, on the same tasks; `servers`: name → (url, pid)."""
     runs: dict[str, Any] = {name: {} for name in servers}
     rounds = 1 if plan.quick else 2
     for url, _ in servers.values():  # warm-up
@@ -199,54 +200,56 @@ def run_speculative(servers: dict[str, tuple[str, int]], plan: Plan, checkpoint:
         if workload not in workloads:
             continue
         for clients in levels:
-            for repeat in range(repeats):
-                for name in paired_order(list(servers), repeat):
+            total = rounds_for(workload, clients, rounds, repeats)
+            for round_index in range(total):
+                for name in paired_order(list(servers), round_index):
                     url, pid = servers[name]
-                    label = f"{name}: {workload}, {clients} client(s), repeat {repeat + 1}/{repeats}"
+                    label = f"{name}: {workload}, {clients} client(s), round {round_index + 1}/{total}"
                     logger.info("%s", label)
                     result = measure_quietly(
-                        label, lambda _attempt, u=url, c=clients: run_level(u, workload, c, rounds), [pid], plan)
+                        label, lambda _attempt, u=url, c=clients, r=round_index: run_round(u, workload, c, r),
+                        [pid], plan)
                     level = runs[name].setdefault(workload, {}).get(str(clients))
-                    runs[name][workload][str(clients)] = merge_repeats((level or {}).get("repeats", []) + [result])
-                    checkpoint(runs)
+                    runs[name][workload][str(clients)] = merge_rounds((level or {}).get("rounds", []) + [result])
+                checkpoint(runs)
     return runs
 
 
-def paired_order(names: list[str], repeat: int) -> list[str]:
-    """Ours off and ngram swap places every other repeat; llama-server (if any) runs after them."""
+def paired_order(names: list[str], round_index: int) -> list[str]:
+    """Ours off and ngram swap places every other round; llama-server (if any) runs after them."""
     ours = [name for name in names if name in (OFF, NGRAM)]
-    return (ours if repeat % 2 == 0 else ours[::-1]) + [name for name in names if name not in ours]
+    return (ours if round_index % 2 == 0 else ours[::-1]) + [name for name in names if name not in ours]
 
 
-def merge_repeats(repeats: list[dict[str, Any]]) -> dict[str, Any]:
-    """A level measured `len(repeats)` times: the medians of its rates and every draft; its texts, tokens and
-    per-request rates are the first repeat's (`repeats` keeps each one whole)."""
-    first = repeats[0]
-    drafted = sum(r.get("drafted") or 0 for r in repeats)
-    accepted = sum((r.get("acceptance") or 0) * (r.get("drafted") or 0) for r in repeats)
-    decode = [r["decode_tok_s_median"] for r in repeats if r.get("decode_tok_s_median")]
-    return {**first, "repeats": repeats,
+def merge_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """A level's rounds on one server: the medians of their rates, every draft, every answer (`rounds` keeps each
+    one whole)."""
+    drafted = sum(r.get("drafted") or 0 for r in rounds)
+    accepted = sum((r.get("acceptance") or 0) * (r.get("drafted") or 0) for r in rounds)
+    decode = [rate for r in rounds for rate in r.get("decode_tok_s") or []]
+    return {"clients": rounds[0]["clients"], "rounds": rounds, "requests": sum(r["requests"] for r in rounds),
             "decode_tok_s_median": statistics.median(decode) if decode else None,
-            "aggregate_tok_s": statistics.median(r["aggregate_tok_s"] for r in repeats),
+            "aggregate_tok_s": statistics.median(r["aggregate_tok_s"] for r in rounds),
             "acceptance": accepted / drafted if drafted else None, "drafted": drafted,
-            "neighbour_cpu": max(r.get("neighbour_cpu", 0.0) for r in repeats)}
+            "tokens": [t for r in rounds for t in r["tokens"]], "texts": [t for r in rounds for t in r["texts"]],
+            "neighbour_cpu": max(r.get("neighbour_cpu", 0.0) for r in rounds)}
 
 
 # ---- ratios, targets, Markdown (pure) ----------------------------------------------------------------------
 
 
 def ratio(runs: dict[str, Any], server: str, workload: str, clients: int, key: str) -> float | None:
-    """`server`'s `key` over ours off's; with repeats, the median of the ratios repeat by repeat (paired)."""
-    ratios = repeat_ratios(runs, server, workload, clients, key)
+    """`server`'s `key` over ours off's: the median of the ratios round by round (paired)."""
+    ratios = round_ratios(runs, server, workload, clients, key)
     return statistics.median(ratios) if ratios else None
 
 
-def repeat_ratios(runs: dict[str, Any], server: str, workload: str, clients: int, key: str) -> list[float]:
+def round_ratios(runs: dict[str, Any], server: str, workload: str, clients: int, key: str) -> list[float]:
     mine = ((runs.get(server) or {}).get(workload) or {}).get(str(clients))
     base = ((runs.get(OFF) or {}).get(workload) or {}).get(str(clients))
     if not mine or not base:
         return []
-    pairs = list(zip(mine.get("repeats") or [mine], base.get("repeats") or [base]))
+    pairs = list(zip(mine.get("rounds") or [mine], base.get("rounds") or [base]))
     return [a[key] / b[key] for a, b in pairs if a.get(key) and b.get(key)]
 
 
@@ -274,7 +277,7 @@ def speculative_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                        f"{'decode tok/s' if clients == 1 else 'aggregate tok/s'}",
                        ratio(runs, NGRAM, workload, clients, key_for(clients)), ">=", bound,
                        [((runs.get(s) or {}).get(workload) or {}).get(str(clients)) for s in (NGRAM, OFF)])
-        checks.append({**check, "repeat_ratios": repeat_ratios(runs, NGRAM, workload, clients, key_for(clients))})
+        checks.append({**check, "round_ratios": round_ratios(runs, NGRAM, workload, clients, key_for(clients))})
     return checks
 
 
@@ -284,13 +287,16 @@ def share(value: float | None) -> str:
 
 def speculative_markdown(results: dict[str, Any]) -> str:
     meta, runs = results["meta"], results.get("runs") or {}
+    repeats = meta.get("repeats", 1)
     lines = ["# Speculative decoding (issue 17)", "",
              f"{meta['date']}, {meta['model']}, {meta['threads']} threads, commit {meta['commit']}"
              f"{', quick' if meta.get('quick') else ''}. Greedy, non-streamed; decode tok/s by each server's own "
-             "timings (median request), aggregate = completion tokens / wall time of the level"
-             + (f"; each level measured {meta['repeats']} times, ours off and ngram in turn first, rates the "
-                "medians over repeats and ratios the median of each repeat's ratio" if meta.get("repeats", 1) > 1
-                else "") + ".", ""]
+             "timings (median request), aggregate = completion tokens / wall time of a round (its median over "
+             "rounds). A round is one request a client, run on the servers one right after the other (ours off and "
+             "ngram in turn first); at one client each task is a round"
+             f"{f' ({repeats} times)' if repeats > 1 else ''}. "
+             "A ratio is the median of the rounds' ratios (each pair measured within seconds of each other, on the "
+             "same tasks).", ""]
     if meta.get("peer_note"):
         lines += [f"> {meta['peer_note']}", ""]
     lines += ["| workload | clients | server | decode tok/s | aggregate tok/s | vs off (decode / aggregate) | "
@@ -309,12 +315,13 @@ def speculative_markdown(results: dict[str, Any]) -> str:
                     f"{fmt(ratio(runs, server, workload, clients, 'aggregate_tok_s'), digits=2)} | "
                     f"{share(run.get('acceptance'))} | "
                     f"{f'{same[0]}/{same[1]}' if same else ''} | {pct(run.get('neighbour_cpu'))} |")
-    lines += ["", "| target | value | bound | met | repeats (ratio each, paired) |", "|---|---:|---:|---|---|"]
+    lines += ["", "| target | value | bound | met | rounds | ratio by round (least – most) |",
+              "|---|---:|---:|---|---:|---|"]
     for check in results.get("targets") or speculative_targets(results):
         verdict = {True: "yes", False: "**no**", None: "–"}[check["pass"]]
-        each = check.get("repeat_ratios") or []
+        each = check.get("round_ratios") or []
         lines.append(f"| {check['check']} | {fmt(check['ratio'], digits=2)} | {check['target']} | {verdict}"
-                     f"{' (disturbed)' if check['disturbed'] else ''} | "
-                     f"{', '.join(fmt(r, digits=2) for r in each) if len(each) > 1 else ''} |")
+                     f"{' (disturbed)' if check['disturbed'] else ''} | {len(each)} | "
+                     f"{f'{fmt(min(each), digits=2)} – {fmt(max(each), digits=2)}' if each else ''} |")
     return "\n".join(lines) + "\n"
 

@@ -13,10 +13,8 @@ from edge_llm.engine.acceptance import verify
 from edge_llm.engine.drafting import NGRAM_SIZES, Draft, NgramDrafter
 from edge_llm.engine.kv_ledger import KvLedger
 from edge_llm.engine.speculation import (
-    FIRST_DRAFT,
     MAX_DRAFT_ROWS,
     PRIOR_RATE,
-    SHORT_MATCH_PRIOR,
     GATE_ALONE,
     GATE_BATCHED,
     AcceptanceRate,
@@ -130,55 +128,64 @@ def test_a_sequence_below_the_gate_does_not_draft_however_cheap_rows_are() -> No
     assert allocate([(poor, draft)], decode_rows=1, room=64, cost=StepCost.linear(0.0)) == [0]
 
 
-def test_a_gated_rate_recovers_towards_the_prior_slowly() -> None:
-    rate = AcceptanceRate()
-    assert rate.rate >= GATE_BATCHED  # a new sequence tries
-    rate.update(reached=1, accepted=0)
-    assert rate.rate < GATE_ALONE
-    steps = 0
-    while rate.rate < GATE_BATCHED:
-        rate.recover()
-        steps += 1
-    assert 50 <= steps <= 200 and rate.rate <= PRIOR_RATE
+def emit(speculation: Speculation, history: list[int], tokens: list[int], ngram_limit: int = 32) -> int:
+    """Runs `tokens` through one sequence's speculation as plain decoding emits them (nothing drafted, every
+    proposal left out as a shadow); returns how many steps the allocation would have drafted in, alone."""
+    drafting_steps = 0
+    for token in tokens:
+        draft = speculation.propose(history, ngram_limit)
+        if draft is not None:
+            if allocate([(speculation, draft)], decode_rows=1, room=32)[0]:
+                drafting_steps += 1
+            speculation.leave_out(draft, len(history))
+        history.append(token)
+    return drafting_steps
 
 
-def test_a_new_ngram_size_starts_from_what_the_sequence_has_learnt_and_the_longest_from_the_prior() -> None:
-    speculation = Speculation()
-    speculation.in_flight, speculation.in_flight_ngram = (1, 2, 3), 2
-    speculation.verified(0)  # its first guess failed at once
-    assert speculation.rate(2) < GATE_ALONE
-    assert speculation.rate(3) == speculation.rate(5) == speculation.pooled.rate < GATE_ALONE
-    assert speculation.rate(max(NGRAM_SIZES)) == PRIOR_RATE
-
-
-def test_a_fresh_sequence_guesses_from_a_short_match_alone_and_only_from_the_longest_beside_others() -> None:
-    short, longest = Draft((1, 2, 3), min(NGRAM_SIZES)), Draft((1, 2, 3), max(NGRAM_SIZES))
-    assert GATE_ALONE <= SHORT_MATCH_PRIOR < GATE_BATCHED <= PRIOR_RATE
-    assert allocate([(Speculation(), short)], decode_rows=1, room=32) == [3]
-    assert allocate([(Speculation(), short)] * 4, decode_rows=4, room=32) == [0, 0, 0, 0]
-    assert sum(allocate([(Speculation(), longest)] * 4, decode_rows=4, room=32)) > 0
-    # Once its drafts were accepted, its short matches draft beside others too.
-    confirmed = Speculation()
-    confirmed.in_flight, confirmed.in_flight_ngram = (1, 2, 3), max(NGRAM_SIZES)
-    confirmed.verified(3)
-    assert confirmed.rate(min(NGRAM_SIZES)) >= GATE_BATCHED
-    # A short size that failed drifts back to its own prior, under the gate beside others.
-    rate = AcceptanceRate.starting_at(SHORT_MATCH_PRIOR)
-    rate.update(reached=1, accepted=0)
-    for _ in range(500):
-        rate.recover()
-    assert rate.rate == pytest.approx(SHORT_MATCH_PRIOR)
-
-
-def test_a_first_guess_is_short_and_a_confirmed_one_long() -> None:
+def test_a_fresh_sequence_does_not_draft_on_an_unsupported_guess() -> None:
+    assert PRIOR_RATE < GATE_ALONE < GATE_BATCHED
     speculation = Speculation()
     history = list(range(40)) + list(range(10))  # the last tokens occurred before: a long continuation follows
-    first = speculation.propose(history, limit=32)
-    assert first is not None and len(first.tokens) == FIRST_DRAFT
-    speculation.in_flight, speculation.in_flight_ngram = first.tokens, first.ngram
-    speculation.verified(FIRST_DRAFT)
-    again = speculation.propose(history, limit=32)
-    assert again is not None and len(again.tokens) > FIRST_DRAFT
+    draft = speculation.propose(history, limit=32)
+    assert draft is not None and len(draft.tokens) == 32
+    assert allocate([(speculation, draft)], decode_rows=1, room=32) == [0]
+
+
+def test_proposals_left_out_teach_the_rate_so_repeats_draft_after_a_few_tokens() -> None:
+    speculation = Speculation()
+    source = list(range(100, 160))
+    history = source + [1, 2] + source[:8]  # the answer starts copying its prompt
+    assert emit(speculation, history, source[8:20]) > 0  # learnt from its shadow drafts, then drafts
+    assert speculation.rate(8) >= GATE_BATCHED
+    assert speculation.drafted == 0  # nothing was paid to learn it
+
+
+def test_proposals_that_fail_keep_the_rate_down_without_a_draft() -> None:
+    speculation = Speculation()
+    key = [7, 8]  # a repeated key, each time followed by a new value: its match proposes the last value
+    history = key + [500]
+    values = []
+    for value in range(501, 541):
+        values += key + [value]
+    assert emit(speculation, history, values) == 0
+    assert speculation.rate(2) < PRIOR_RATE and speculation.pooled.rate < PRIOR_RATE
+
+
+def test_a_shadow_draft_is_checked_as_verification_would_check_it() -> None:
+    speculation = Speculation()
+    speculation.leave_out(Draft((1, 2, 3, 4), 5), start=10)
+    history = list(range(10)) + [1, 2]
+    speculation.check_shadow(history)  # two tokens so far, both right: still being checked
+    assert speculation.shadow is not None and speculation.rate(5) > PRIOR_RATE
+    speculation.leave_out(Draft((9, 9), 3), start=12)  # one shadow at a time
+    assert speculation.shadow.draft.ngram == 5
+    history += [7, 4]  # its third token is wrong: checked up to there, the fourth is never reached
+    speculation.check_shadow(history)
+    assert speculation.shadow is None
+    expected = AcceptanceRate()
+    expected.update(reached=3, accepted=2)
+    assert speculation.rate(5) == pytest.approx(expected.rate)
+    assert speculation.drafted == speculation.accepted == 0
 
 
 def test_a_linear_step_cost_is_one_plus_the_row_cost_a_row() -> None:
@@ -202,14 +209,6 @@ def test_a_sure_draft_alone_fills_whole_groups_of_rows() -> None:
     for room in (32, 10):
         length = allocate([(sure, Draft(tuple(range(32)), 3))], decode_rows=1, room=room)[0]
         assert length > 0 and (1 + length) % 4 == 0, (room, length)
-
-
-def test_a_first_guess_is_one_group_of_rows() -> None:
-    speculation = Speculation()
-    history = list(range(40)) + list(range(10))
-    first = speculation.propose(history, limit=32)
-    assert first is not None
-    assert allocate([(speculation, first)], decode_rows=1, room=32) == [FIRST_DRAFT] == [3]
 
 
 def test_a_long_context_makes_drafts_shorter_or_none() -> None:

@@ -67,24 +67,32 @@ def test_committed_results_are_what_the_report_makes_of_them() -> None:
                 json.loads(data.read_text(encoding="utf-8")))
 
 
-def test_repeats_alternate_which_of_ours_goes_first_and_the_peer_goes_last() -> None:
+def test_rounds_alternate_which_of_ours_goes_first_and_the_peer_goes_last() -> None:
     names = [sp.OFF, sp.NGRAM, sp.PEER]
     assert sp.paired_order(names, 0) == [sp.OFF, sp.NGRAM, sp.PEER]
     assert sp.paired_order(names, 1) == [sp.NGRAM, sp.OFF, sp.PEER]
 
 
-def test_with_repeats_the_ratio_is_the_median_of_the_paired_ratios() -> None:
-    def measured(*rates: float) -> dict:
-        return sp.merge_repeats([{**level(rate, rate * 2, ["t"], 0.5), "drafted": 10} for rate in rates])
+def test_one_client_levels_go_through_every_task_and_others_by_rounds() -> None:
+    assert sp.rounds_for("prose", 1, rounds=2, repeats=3) == 3 * len(sp.PROSE_TASKS)
+    assert sp.rounds_for("code", 1, rounds=2, repeats=1) == 3
+    assert sp.rounds_for("prose", 8, rounds=2, repeats=3) == 6
 
-    # Paired: the machine was slow in the second repeat for both; the unpaired medians would give 19/20 = 0.95.
+
+def test_the_ratio_is_the_median_of_the_ratios_round_by_round() -> None:
+    def measured(*rates: float) -> dict:
+        return sp.merge_rounds([{**level(rate, rate * 2, [f"t{rate}"], 0.5), "decode_tok_s": [rate], "drafted": 10,
+                                 "clients": 1, "requests": 1, "tokens": [100]} for rate in rates])
+
+    # Paired: the machine was slow in the second round for both; the unpaired medians would give 19/20 = 0.95.
     runs = {sp.OFF: {"json": {"1": measured(20, 10, 22)}}, sp.NGRAM: {"json": {"1": measured(19, 11, 30)}}}
-    assert sp.repeat_ratios(runs, sp.NGRAM, "json", 1, "decode_tok_s_median") == [0.95, 1.1, 30 / 22]
+    assert sp.round_ratios(runs, sp.NGRAM, "json", 1, "decode_tok_s_median") == [0.95, 1.1, 30 / 22]
     assert sp.ratio(runs, sp.NGRAM, "json", 1, "decode_tok_s_median") == 1.1
     merged = runs[sp.NGRAM]["json"]["1"]
     assert merged["decode_tok_s_median"] == 19 and merged["acceptance"] == 0.5 and merged["drafted"] == 30
+    assert merged["requests"] == 3 and merged["texts"] == ["t19", "t11", "t30"]
     check, = [c for c in sp.speculative_targets({"runs": runs}) if c["check"].startswith("ours ngram / off, json, 1")]
-    assert check["ratio"] == 1.1 and check["pass"] is True and len(check["repeat_ratios"]) == 3
+    assert check["ratio"] == 1.1 and check["pass"] is True and len(check["round_ratios"]) == 3
     text = sp.speculative_markdown({"meta": {"date": "d", "model": "m", "threads": 2, "commit": "c", "repeats": 3},
                                     "runs": runs})
-    assert "measured 3 times" in text and "| 0.95, 1.10, 1.36 |" in text
+    assert "each task is a round (3 times)" in text and "| 3 | 0.95 – 1.36 |" in text

@@ -5,7 +5,7 @@ time: a draft of k tokens (engine/drafting.py) is verified in the same `llama_de
 token, and the longest prefix the sampler agrees with, plus its own next token, is kept (engine/acceptance.py).
 
 A sequence drafts only while its recent acceptance rate is above a gate (higher beside other sequences, where a row's
-cost buys less), and then how many draft rows a step verifies is decided by a cost model of the step
+cost buys less; the rate is learnt from its proposals whether drafted or not), and then how many draft rows a step verifies is decided by a cost model of the step
 (engine/step_cost.py: rows cost in groups of 4 on the CPU, and by the cells they attend). A draft token at position j
 is worth p^j tokens, p being the sequence's recent rate of accepted draft positions for a match of that n-gram size.
 `allocate` ranks the candidate rows of the whole batch by worth and keeps the number of them that makes the most
@@ -26,8 +26,8 @@ import heapq
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from edge_llm.engine.drafting import NGRAM_SIZES, Draft, NgramDrafter
-from edge_llm.engine.step_cost import CPU_STEP_COST, GROUP, StepCost
+from edge_llm.engine.drafting import Draft, NgramDrafter
+from edge_llm.engine.step_cost import CPU_STEP_COST, StepCost
 
 if TYPE_CHECKING:
     from edge_llm.engine.sequence import Sequence
@@ -38,46 +38,31 @@ MAX_DRAFT = 32  # draft tokens a sequence verifies in one step at most
 # (n_vocab floats a row, 0.6 MB on the default model), reserved at load (config.logit_rows).
 MAX_DRAFT_ROWS = 32
 STATS_POSITIONS = MAX_DRAFT
-# Acceptance is estimated per n-gram size with exponential forgetting: the last ~10 verified positions count. A
-# sequence starts from an optimistic prior, above the gates below (a rate is learnt only from drafts verified); drafts
-# that fail then bring it under them.
+# Acceptance is estimated per n-gram size with exponential forgetting: the last ~10 checked positions count. A rate is
+# learnt from every proposal, drafted or not: a proposal left out of the batch is checked against the tokens the
+# sequence goes on to emit (a shadow draft, at no cost), so a sequence need not pay for a guess to learn that its
+# guesses fail, and one whose proposals come true drafts after a few tokens. The prior is below the gates: nothing is
+# drafted on a guess no earlier proposal of the sequence supports (free JSON's first matches, a key then a value it
+# does not repeat, failed 60% of the time when the prior let them draft: 0.89-0.95x at 4 clients, 2 Dec).
 DECAY = 0.9
-PRIOR_RATE = 0.92
+PRIOR_RATE = 0.5
 PRIOR_WEIGHT = 2.0
-# The prior of a match shorter than the longest n-gram size, until the sequence has verified drafts: between the
-# gates, so alone every size tries, and beside other sequences only the longest does (where a failed guess costs a
-# group of rows for the whole batch). Code sent back whole matches 8-grams at once and its drafts then raise every
-# size's rate; free JSON's short matches (a key, then a value it does not repeat) mostly fail (paired repeats, 2 Dec:
-# JSON at 4 clients 0.95x with short matches trying from the prior, 33-37% of drafted tokens accepted).
-SHORT_MATCH_PRIOR = 0.85
 # Below these rates a sequence does not draft at all, whatever the cost model says: a rate is an estimate from the
-# last few drafts, and on a CPU whose decode is compute-bound (2 cores) a draft row costs a large part of a token's
+# last few proposals, and on a CPU whose decode is compute-bound (2 cores) a draft row costs a large part of a token's
 # time, so only sure guesses pay. Measured (benchmarks/results/speculative.md): alone, drafts accepted 88% of the
 # time paid (prose, 1.37x) and 54% did not (free JSON, 0.84x); beside other sequences, 94% paid (code, 4 clients,
 # 1.51x) and 74-83% did not (prose at 4 and 8 clients, 0.88x).
 GATE_ALONE = 0.8
 GATE_BATCHED = 0.9
-# A gated rate drifts back towards the prior by this factor a step, so a sequence tries again after ~90 tokens (its
-# text may have turned into something it can predict, e.g. code after an explanation).
-RECOVERY = 0.97
-# A rate that is still the prior alone drafts this many tokens at most: a first guess that fails costs one group of
-# rows (4 with the decoding row: little more than 2 or 3), not the groups the prior's cost model would verify (free
-# JSON's first guesses fail; code's pass, and it drafts longer from its next step).
-FIRST_DRAFT = GROUP - 1
 
 
 @dataclass
 class AcceptanceRate:
-    """The recent rate at which drafted positions (reached: every position before them accepted) were accepted."""
+    """The recent rate at which proposed positions (reached: every position before them right) were right."""
 
     accepted: float = PRIOR_RATE * PRIOR_WEIGHT
     reached: float = PRIOR_WEIGHT
-    verified: int = 0  # positions ever verified: 0 means the rate is the prior alone
-    prior: float = PRIOR_RATE  # what a rate not drafted from drifts back to
-
-    @classmethod
-    def starting_at(cls, prior: float) -> AcceptanceRate:
-        return cls(prior * PRIOR_WEIGHT, PRIOR_WEIGHT, 0, prior)
+    verified: int = 0  # positions ever checked: 0 means the rate is the prior alone
 
     @property
     def rate(self) -> float:
@@ -89,13 +74,17 @@ class AcceptanceRate:
             self.reached = self.reached * DECAY + 1.0
         self.verified += reached
 
-    def recover(self) -> None:
-        """One step without drafting: the rate moves a little towards the prior (its weight stays)."""
-        prior = self.prior * self.reached
-        self.accepted = prior + (self.accepted - prior) * RECOVERY
-
     def copy(self) -> AcceptanceRate:
-        return AcceptanceRate(self.accepted, self.reached, self.verified, self.prior)
+        return AcceptanceRate(self.accepted, self.reached, self.verified)
+
+
+@dataclass
+class Shadow:
+    """A proposal that was not drafted, checked token by token as the sequence emits the tokens it guessed."""
+
+    draft: Draft
+    start: int  # the history position its first token would take
+    checked: int = 0  # its tokens compared so far
 
 
 def gate(decode_rows: int) -> float:
@@ -112,8 +101,9 @@ class Speculation:
     # Every verified position of any n-gram size: where a sequence first drafts from a match of a new size, its rate
     # starts from this, not from the prior (free JSON tried each of the four sizes at the prior's long draft, each
     # failing at once).
-    pooled: AcceptanceRate = field(default_factory=lambda: AcceptanceRate.starting_at(SHORT_MATCH_PRIOR))
+    pooled: AcceptanceRate = field(default_factory=AcceptanceRate)
     candidate: Draft | None = None  # proposed this step, before the allocation cuts it
+    shadow: Shadow | None = None
     in_flight: tuple[int, ...] = ()  # the draft in this step's batch, verified after the decode
     in_flight_ngram: int = 0
     drafted: int = 0  # draft tokens verified so far
@@ -124,17 +114,41 @@ class Speculation:
 
     def rate_of(self, ngram: int) -> AcceptanceRate:
         rate = self.rates.get(ngram)
-        if rate is None:  # the longest matches start from the prior: they begin the repeats worth drafting
-            rate = self.rates[ngram] = AcceptanceRate() if ngram >= max(NGRAM_SIZES) else self.pooled.copy()
+        if rate is None:
+            rate = self.rates[ngram] = self.pooled.copy()
         return rate
 
     def propose(self, history: list[int], limit: int) -> Draft | None:
+        """The draft that could follow `history` (its last token the one decoded this step), after the shadow draft
+        has been checked against what `history` added."""
+        self.check_shadow(history)
         self.drafter.sync(history)
-        draft = self.drafter.propose(min(limit, MAX_DRAFT))
-        if draft is not None and not self.rate_of(draft.ngram).verified and len(draft.tokens) > FIRST_DRAFT:
-            draft = Draft(draft.tokens[:FIRST_DRAFT], draft.ngram)
-        self.candidate = draft
-        return draft
+        self.candidate = self.drafter.propose(min(limit, MAX_DRAFT))
+        return self.candidate
+
+    def leave_out(self, draft: Draft, start: int) -> None:
+        """`draft` was not drafted: it becomes the shadow draft, unless one is still being checked."""
+        if self.shadow is None:
+            self.shadow = Shadow(draft, start)
+
+    def check_shadow(self, history: list[int]) -> None:
+        """Learns from the shadow draft's tokens that `history` now holds: right ones while they agree, then the
+        first wrong one (as verification would have)."""
+        shadow = self.shadow
+        if shadow is None:
+            return
+        rate = self.rate_of(shadow.draft.ngram)
+        tokens = shadow.draft.tokens
+        while shadow.checked < len(tokens) and shadow.start + shadow.checked < len(history):
+            right = history[shadow.start + shadow.checked] == tokens[shadow.checked]
+            rate.update(1, int(right))
+            self.pooled.update(1, int(right))
+            shadow.checked += 1
+            if not right:
+                self.shadow = None
+                return
+        if shadow.checked == len(tokens):
+            self.shadow = None
 
     def verified(self, accepted: int) -> None:
         """The draft in flight was verified: its first `accepted` tokens were right."""
@@ -196,16 +210,14 @@ def lay_out_drafts(plan: StepPlan, room: int, cost: StepCost = CPU_STEP_COST) ->
     if not candidates:
         return []
     added: list[tuple[Sequence, int]] = []
-    least = gate(len(plan.samples))
     decode_cells = sum(sequence.n_past for sequence, _ in plan.samples)
     lengths = allocate(candidates, len(plan.samples), room, cost, [sequence.n_past for sequence in owners],
                        decode_cells)
     for sequence, (speculation, draft), length in zip(owners, candidates, lengths):
         if not length:
-            if speculation.rate(draft.ngram) < least:
-                speculation.rates[draft.ngram].recover()
-                speculation.pooled.recover()
+            speculation.leave_out(draft, len(sequence.kv_tokens))
             continue
+        speculation.shadow = None  # the draft's verification tells the same
         speculation.in_flight = draft.tokens[:length]
         speculation.in_flight_ngram = draft.ngram
         rows = [plan.add(token, sequence.n_past + offset, sequence.seq_id, True)
