@@ -70,8 +70,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="workloads of --only structured (default: all; e.g. plain,json_schema) or of --only "
                         "speculative (code,prose,json,schema)")
     parser.add_argument("--repeats", type=_positive, default=1, metavar="N",
-                        help="--only speculative: measure each level N times, ours off and ngram in turn first, and "
-                        "report the median of the paired ratios (default: %(default)s)")
+                        help="--only speculative: N times the rounds of each level (one request a client, on the "
+                        "servers in turn; at one client one round a task), ratios the median of the rounds' paired "
+                        "ratios (default: %(default)s)")
     parser.add_argument("--attempts", type=int, default=None, metavar="N",
                         help="--only: take a disturbed measurement at most N times (default: 3; --quick: 2)")
     parser.add_argument("--llama-server", type=Path, metavar="PATH",
