@@ -5,8 +5,9 @@ time: a draft of k tokens (engine/drafting.py) is verified in the same `llama_de
 token, and the longest prefix the sampler agrees with, plus its own next token, is kept (engine/acceptance.py).
 
 A sequence drafts only while its recent acceptance rate is above a gate (higher beside other sequences, where a row's
-cost buys less; the rate is learnt from its proposals whether drafted or not), and then how many draft rows a step verifies is decided by a cost model of the step
-(engine/step_cost.py: rows cost in groups of 4 on the CPU, and by the cells they attend). A draft token at position j
+cost buys less; the rate is learnt from its proposals whether drafted or not), and then how many draft rows a step
+verifies is decided by a cost model of the step (engine/step_cost.py: rows cost in groups of 4 on the CPU, and by the
+cells they attend). A draft token at position j
 is worth p^j tokens, p being the sequence's recent rate of accepted draft positions for a match of that n-gram size.
 `allocate` ranks the candidate rows of the whole batch by worth and keeps the number of them that makes the most
 tokens per unit of the step's cost, so a sequence whose drafts keep failing (free prose) stops drafting, a sequence
@@ -62,7 +63,6 @@ class AcceptanceRate:
 
     accepted: float = PRIOR_RATE * PRIOR_WEIGHT
     reached: float = PRIOR_WEIGHT
-    verified: int = 0  # positions ever checked: 0 means the rate is the prior alone
 
     @property
     def rate(self) -> float:
@@ -72,10 +72,9 @@ class AcceptanceRate:
         for position in range(reached):
             self.accepted = self.accepted * DECAY + (1.0 if position < accepted else 0.0)
             self.reached = self.reached * DECAY + 1.0
-        self.verified += reached
 
     def copy(self) -> AcceptanceRate:
-        return AcceptanceRate(self.accepted, self.reached, self.verified)
+        return AcceptanceRate(self.accepted, self.reached)
 
 
 @dataclass
@@ -98,9 +97,8 @@ class Speculation:
 
     drafter: NgramDrafter = field(default_factory=NgramDrafter)
     rates: dict[int, AcceptanceRate] = field(default_factory=dict)  # by n-gram size
-    # Every verified position of any n-gram size: where a sequence first drafts from a match of a new size, its rate
-    # starts from this, not from the prior (free JSON tried each of the four sizes at the prior's long draft, each
-    # failing at once).
+    # Every checked position of any n-gram size: where a sequence first proposes from a match of a new size, its rate
+    # starts from this, not from the prior.
     pooled: AcceptanceRate = field(default_factory=AcceptanceRate)
     candidate: Draft | None = None  # proposed this step, before the allocation cuts it
     shadow: Shadow | None = None
