@@ -181,17 +181,18 @@ def run_round(url: str, workload: str, clients: int, round_index: int) -> dict[s
             "drafted": drafted, "texts": [a["text"] for a in answers]}
 
 
-def rounds_for(workload: str, clients: int, rounds: int, repeats: int) -> int:
-    """Rounds of a level on each server: at one client every task `repeats` times (the ratio is then paired by
-    task), otherwise `rounds` × `repeats`."""
-    return repeats * (len(prompts(workload)) if clients == 1 else rounds)
+def rounds_for(workload: str, clients: int, rounds: int, repeats: int, quick: bool = False) -> int:
+    """Rounds of a level on each server: at one client every task (`--quick`: the first three) `repeats` times (the
+    ratio is then paired by task), otherwise `rounds` × `repeats`."""
+    tasks = len(prompts(workload))
+    return repeats * ((min(tasks, 3) if quick else tasks) if clients == 1 else rounds)
 
 
 def run_speculative(servers: dict[str, tuple[str, int]], plan: Plan, checkpoint: Callable[[dict[str, Any]], None],
                     workloads: tuple[str, ...] = tuple(LEVELS), repeats: int = 1) -> dict[str, Any]:
     """Every level of `workloads`, round by round: each round (one request a client) runs on the servers one right
-    after the other (ours off and ngram in turn first), so the ratio of a round's pair is measured within seconds,
-    in the same spell of the machine, on the same tasks; `servers`: name → (url, pid)."""
+    after the other (ours off and ngram in turn first), so the two runs of a round's pair are neighbours in time, in
+    the same spell of the machine, on the same tasks; `servers`: name → (url, pid)."""
     runs: dict[str, Any] = {name: {} for name in servers}
     rounds = 1 if plan.quick else 2
     for url, _ in servers.values():  # warm-up
@@ -200,9 +201,9 @@ def run_speculative(servers: dict[str, tuple[str, int]], plan: Plan, checkpoint:
         if workload not in workloads:
             continue
         for clients in levels:
-            total = rounds_for(workload, clients, rounds, repeats)
+            total = rounds_for(workload, clients, rounds, repeats, plan.quick)
             for round_index in range(total):
-                for name in paired_order(list(servers), round_index):
+                for name in paired_order(list(servers), round_index, total // repeats):
                     url, pid = servers[name]
                     label = f"{name}: {workload}, {clients} client(s), round {round_index + 1}/{total}"
                     logger.info("%s", label)
@@ -215,10 +216,13 @@ def run_speculative(servers: dict[str, tuple[str, int]], plan: Plan, checkpoint:
     return runs
 
 
-def paired_order(names: list[str], round_index: int) -> list[str]:
-    """Ours off and ngram swap places every other round; llama-server (if any) runs after them."""
+def paired_order(names: list[str], round_index: int, per_repeat: int) -> list[str]:
+    """Ours off and ngram swap places every other round, and every repeat (of `per_repeat` rounds) starts with the
+    other one, so that each task's rounds have each of them first in turn whatever the number of tasks; llama-server
+    (if any) runs after them."""
     ours = [name for name in names if name in (OFF, NGRAM)]
-    return (ours if round_index % 2 == 0 else ours[::-1]) + [name for name in names if name not in ours]
+    flipped = (round_index % per_repeat + round_index // per_repeat) % 2
+    return (ours[::-1] if flipped else ours) + [name for name in names if name not in ours]
 
 
 def merge_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -295,8 +299,8 @@ def speculative_markdown(results: dict[str, Any]) -> str:
              "rounds). A round is one request a client, run on the servers one right after the other (ours off and "
              "ngram in turn first); at one client each task is a round"
              f"{f' ({repeats} times)' if repeats > 1 else ''}. "
-             "A ratio is the median of the rounds' ratios (each pair measured within seconds of each other, on the "
-             "same tasks).", ""]
+             "A ratio is the median of the rounds' ratios (the two runs of a pair one right after the other, on the "
+             "same tasks), so it need not be the ratio of the medians beside it.", ""]
     if meta.get("peer_note"):
         lines += [f"> {meta['peer_note']}", ""]
     lines += ["| workload | clients | server | decode tok/s | aggregate tok/s | vs off (decode / aggregate) | "

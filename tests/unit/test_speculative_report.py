@@ -69,14 +69,24 @@ def test_committed_results_are_what_the_report_makes_of_them() -> None:
 
 def test_rounds_alternate_which_of_ours_goes_first_and_the_peer_goes_last() -> None:
     names = [sp.OFF, sp.NGRAM, sp.PEER]
-    assert sp.paired_order(names, 0) == [sp.OFF, sp.NGRAM, sp.PEER]
-    assert sp.paired_order(names, 1) == [sp.NGRAM, sp.OFF, sp.PEER]
+    assert sp.paired_order(names, 0, 3) == [sp.OFF, sp.NGRAM, sp.PEER]
+    assert sp.paired_order(names, 1, 3) == [sp.NGRAM, sp.OFF, sp.PEER]
+
+
+def test_each_task_has_each_of_ours_first_in_turn_over_repeats() -> None:
+    for tasks in (3, 8):  # an odd and an even number of rounds a repeat
+        firsts: dict[int, list[str]] = {}
+        for round_index in range(2 * tasks):
+            firsts.setdefault(round_index % tasks, []).append(sp.paired_order([sp.OFF, sp.NGRAM], round_index,
+                                                                              tasks)[0])
+        assert all(sorted(order) == sorted([sp.OFF, sp.NGRAM]) for order in firsts.values()), (tasks, firsts)
 
 
 def test_one_client_levels_go_through_every_task_and_others_by_rounds() -> None:
     assert sp.rounds_for("prose", 1, rounds=2, repeats=3) == 3 * len(sp.PROSE_TASKS)
     assert sp.rounds_for("code", 1, rounds=2, repeats=1) == 3
     assert sp.rounds_for("prose", 8, rounds=2, repeats=3) == 6
+    assert sp.rounds_for("prose", 1, rounds=1, repeats=1, quick=True) == 3
 
 
 def test_the_ratio_is_the_median_of_the_ratios_round_by_round() -> None:
