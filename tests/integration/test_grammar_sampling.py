@@ -142,3 +142,18 @@ def test_an_integer_schema_keeps_its_bounds_in_llama_cpps_grammar(runner: LlamaR
         assert takes(f'{{"n": {n}}}'), n
     for text in ("-4", "120", "200", "1000", "-10", "007", "-0"):
         assert not takes(f'{{"n": {text}}}'), text
+
+
+def test_a_number_schema_keeps_its_bounds_in_llama_cpps_grammar(runner: LlamaRunner) -> None:
+    bounded = json_schema_to_grammar({"type": "object", "properties": {"x": {"type": "number", "minimum": -1.5,
+                                                                              "exclusiveMaximum": 2.25}},
+                                      "required": ["x"]})
+
+    def takes(text: str) -> bool:  # one token a character, so a refusal falls on the digit that breaks the bound
+        tokens = [runner.tokenize(c, add_special=False, parse_special=False)[0] for c in text]
+        return grammar_refusal(runner, bounded, tokens) is None
+
+    for x in ("-1.5", "-1.25", "-1", "-0.5", "0", "0.0", "1", "2", "2.2", "2.2499"):
+        assert takes(f'{{"x": {x}}}'), x
+    for text in ("-1.51", "-2", "2.25", "2.5", "3", "-0", "1e0", "02"):
+        assert not takes(f'{{"x": {text}}}'), text

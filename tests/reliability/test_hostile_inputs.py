@@ -349,6 +349,8 @@ PATHOLOGICAL_SCHEMAS = {
     "remote $ref": json.dumps({"$ref": "http://example.com/schema.json"}),
     "nesting 450 objects deep": nested_objects(450),
     "not a schema": json.dumps({"a": {"b": [1, 2, {"c": None}]}}),
+    "number bounds admitting nothing": json.dumps({"type": "number", "minimum": 2, "exclusiveMaximum": 2}),
+    "a number bound of 5e-324": json.dumps({"type": "number", "exclusiveMinimum": 5e-324, "maximum": 1e300}),
 }
 
 

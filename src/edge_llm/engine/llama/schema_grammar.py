@@ -1,17 +1,19 @@
 """GBNF for a request's JSON schema: llama-cpp-python's converter (pure Python), with llama.cpp's whitespace rule
-and an integer's bounds enforced, after the schema's own limits (engine/grammar.py)."""
+and the bounds of integers and numbers enforced, after the schema's own limits (engine/grammar.py)."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
+from decimal import Decimal
 from typing import Any
 
 from llama_cpp.llama_grammar import RESERVED_NAMES, SchemaConverter
 
 from edge_llm.engine.grammar import GrammarError, check_schema_limits
 from edge_llm.engine.integer_range import integer_range_rule
+from edge_llm.engine.number_range import number_range_rule
 
 # llama-cpp-python's converter allows one optional space between tokens; llama.cpp's (common/json-schema-to-grammar,
 # which llama-server uses) also allows a line break and indentation. The model writes JSON indented, as it learnt
@@ -21,16 +23,23 @@ LLAMA_CPP_SPACE_RULE = 'space ::= | " " | "\\n"{1,2} [ \\t]{0,20}'
 _INTEGER_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 
 
-class _BoundedIntegers(SchemaConverter):  # type: ignore[misc]
-    """llama-cpp-python's converter, with an integer's bounds enforced (it ignores them; engine/integer_range.py)."""
+class _BoundedNumbers(SchemaConverter):  # type: ignore[misc]
+    """llama-cpp-python's converter, with the bounds of integers and numbers enforced (it ignores them;
+    engine/integer_range.py, engine/number_range.py)."""
 
     def visit(self, schema: Any, name: str) -> Any:
-        if isinstance(schema, dict) and schema.get("type") == "integer" and any(k in schema for k in _INTEGER_BOUNDS):
-            low = _bound(schema, "minimum", "exclusiveMinimum", 1)
-            high = _bound(schema, "maximum", "exclusiveMaximum", -1)
-            rule = integer_range_rule(low, high)
+        kind = schema.get("type") if isinstance(schema, dict) else None
+        if kind in ("integer", "number") and any(k in schema for k in _INTEGER_BOUNDS):
+            if kind == "integer":
+                low = _bound(schema, "minimum", "exclusiveMinimum", 1)
+                high = _bound(schema, "maximum", "exclusiveMaximum", -1)
+                rule = integer_range_rule(low, high)
+            else:
+                low, low_inclusive = _decimal_bound(schema, "minimum", "exclusiveMinimum", 1)
+                high, high_inclusive = _decimal_bound(schema, "maximum", "exclusiveMaximum", -1)
+                rule = number_range_rule(low, high, low_inclusive, high_inclusive)
             if not rule:
-                raise GrammarError(f"the JSON schema's integer bounds admit no integer ({low}..{high})")
+                raise GrammarError(f"the JSON schema's {kind} bounds admit no {kind} ({low}..{high})")
             return self._add_rule(name + "-" if name in RESERVED_NAMES else name or "root", f"({rule}) space")
         return super().visit(schema, name)
 
@@ -48,24 +57,36 @@ def _bound(schema: dict, inclusive: str, exclusive: str, step: int) -> int | Non
     return max(bounds) if step > 0 else min(bounds)
 
 
+def _decimal_bound(schema: dict, inclusive: str, exclusive: str, step: int) -> tuple[Decimal | None, bool]:
+    """The tighter of a schema's inclusive and exclusive bound on one side, and whether it is inclusive."""
+    bounds = [(Decimal(repr(value)), kind == inclusive) for kind in (inclusive, exclusive)
+              if _is_number(value := schema.get(kind)) and math.isfinite(value)]
+    if not bounds:
+        return None, True
+    # the larger lower bound (step 1) or the smaller upper bound; at a tie the exclusive one
+    return max(bounds, key=lambda bound: (bound[0] * step, not bound[1]))
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _schema_to_gbnf(schema: dict) -> str:
-    converter = _BoundedIntegers(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    converter = _BoundedNumbers(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     converter.visit(converter.resolve_refs(schema, "stdin"), "")
     return converter.format_grammar()
 
 
 def json_schema_to_grammar(schema: dict) -> str:
     """GBNF for a JSON schema, via llama-cpp-python's converter (pure Python) with llama.cpp's whitespace rule and
-    integer bounds, after the schema's bounds."""
+    the bounds of integers and numbers, after the schema's limits."""
     check_schema_limits(schema)
     try:
         # (on a copy: resolving $refs rewrites the schema in place, and the caller keeps its own)
         return _PYTHON_SPACE_RULE.sub(lambda _: LLAMA_CPP_SPACE_RULE, _schema_to_gbnf(json.loads(json.dumps(schema))))
     except RecursionError:
         raise GrammarError("the JSON schema is nested too deeply") from None
+    except GrammarError:
+        raise
     except Exception as exc:  # the converter raises assorted errors for schemas it cannot handle
         raise GrammarError(f"the JSON schema cannot be turned into a grammar: {exc}") from None
