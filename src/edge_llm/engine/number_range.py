@@ -16,8 +16,6 @@ def number_range_rule(low: Decimal | None, high: Decimal | None, low_inclusive: 
                       high_inclusive: bool = True) -> str:
     """A GBNF expression matching exactly the plain decimal numbers v with low <= v <= high (< where not inclusive;
     None: unbounded), or "" when there are none."""
-    if low is not None and high is not None and (low > high or low == high and not (low_inclusive and high_inclusive)):
-        return ""
     alternatives: list[str] = []
     if low is None or low < 0:  # negatives: "-" and magnitudes in (0, -low] or [-high, -low]
         if high is not None and high < 0:
@@ -30,7 +28,7 @@ def number_range_rule(low: Decimal | None, high: Decimal | None, low_inclusive: 
             alternatives += _magnitudes(Decimal(0), True, high, high_inclusive)
         else:
             alternatives += _magnitudes(low, low_inclusive, high, high_inclusive)
-    return " | ".join(f"({pattern})" for pattern in alternatives if pattern)
+    return " | ".join(f"({pattern})" for pattern in alternatives)
 
 
 def _magnitudes(low: Decimal, low_inclusive: bool, high: Decimal | None, high_inclusive: bool) -> list[str]:
@@ -102,11 +100,16 @@ def _compare(bound: str, greater: bool, inclusive: bool) -> str:
     if others[0] <= others[1]:
         options.append(f"{_class(*others)} {_TAIL}")
     # The bound's own digit, then: the end of the string (the rest is 0 there), or more digits the rest decides.
-    if (not rest and inclusive) or (not greater and rest):
-        options.append(f'"{first}"')
-    if tail := _compare(rest, greater, inclusive):
-        options.append(f'"{first}" ({tail})')
+    options += _digit_then(first, (not rest and inclusive) or (not greater and bool(rest)),
+                           _compare(rest, greater, inclusive))
     return " | ".join(options)
+
+
+def _digit_then(digit: int, ends: bool, tail: str) -> list[str]:
+    """The digit, then the end of the string (where `ends`) or digits matching `tail` (where there is one)."""
+    if not tail:
+        return [f'"{digit}"'] if ends else []
+    return [f'"{digit}" ({tail}){"?" if ends else ""}']
 
 
 def _class(low: int, high: int) -> str:
@@ -123,20 +126,11 @@ def _between(low: str, low_inclusive: bool, high: str, high_inclusive: bool) -> 
     rest_low, rest_high = low[1:], high[1:]
     options: list[str] = []
     if first_low == first_high:
-        inner_bare, inner = _between(rest_low, low_inclusive, rest_high, high_inclusive)
-        if inner_bare:
-            options.append(f'"{first_low}"')
-        if inner:
-            options.append(f'"{first_low}" ({inner})')
-        return bare, " | ".join(options)
+        return bare, " | ".join(_digit_then(first_low, *_between(rest_low, low_inclusive, rest_high, high_inclusive)))
     # The low digit, then at least the low's rest; digits in between, then anything; the high digit, then at most
     # the high's rest.
-    for digit, (ends, tail) in ((first_low, _at_least(rest_low, low_inclusive)),
-                                (first_high, _at_most(rest_high, high_inclusive))):
-        if ends:
-            options.append(f'"{digit}"')
-        if tail:
-            options.append(f'"{digit}" ({tail})')
+    options += _digit_then(first_low, *_at_least(rest_low, low_inclusive))
+    options += _digit_then(first_high, *_at_most(rest_high, high_inclusive))
     if first_low + 1 <= first_high - 1:
         options.append(f"{_class(first_low + 1, first_high - 1)} {_TAIL}")
     return bare, " | ".join(options)

@@ -100,7 +100,6 @@ class Speculation:
     # Every checked position of any n-gram size: where a sequence first proposes from a match of a new size, its rate
     # starts from this, not from the prior.
     pooled: AcceptanceRate = field(default_factory=AcceptanceRate)
-    candidate: Draft | None = None  # proposed this step, before the allocation cuts it
     shadow: Shadow | None = None
     in_flight: tuple[int, ...] = ()  # the draft in this step's batch, verified after the decode
     in_flight_ngram: int = 0
@@ -121,8 +120,7 @@ class Speculation:
         has been checked against what `history` added."""
         self.check_shadow(history)
         self.drafter.sync(history)
-        self.candidate = self.drafter.propose(min(limit, MAX_DRAFT))
-        return self.candidate
+        return self.drafter.propose(min(limit, MAX_DRAFT))
 
     def leave_out(self, draft: Draft, start: int) -> None:
         """`draft` was not drafted: it becomes the shadow draft, unless one is still being checked."""

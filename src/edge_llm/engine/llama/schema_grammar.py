@@ -20,7 +20,7 @@ from edge_llm.engine.number_range import number_range_rule
 # it: with one space only, every `{\n  ` it prefers is rejected and resampled under the whole grammar.
 _PYTHON_SPACE_RULE = re.compile(r'^space ::= " "\?$', re.MULTILINE)
 LLAMA_CPP_SPACE_RULE = 'space ::= | " " | "\\n"{1,2} [ \\t]{0,20}'
-_INTEGER_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 
 
 class _BoundedNumbers(SchemaConverter):  # type: ignore[misc]
@@ -29,14 +29,14 @@ class _BoundedNumbers(SchemaConverter):  # type: ignore[misc]
 
     def visit(self, schema: Any, name: str) -> Any:
         kind = schema.get("type") if isinstance(schema, dict) else None
-        if kind in ("integer", "number") and any(k in schema for k in _INTEGER_BOUNDS):
+        if kind in ("integer", "number") and any(k in schema for k in _BOUNDS):
+            lower = _tighter(schema, "minimum", "exclusiveMinimum", 1)
+            upper = _tighter(schema, "maximum", "exclusiveMaximum", -1)
             if kind == "integer":
-                low = _bound(schema, "minimum", "exclusiveMinimum", 1)
-                high = _bound(schema, "maximum", "exclusiveMaximum", -1)
+                low, high = _least_integer(*lower, 1), _least_integer(*upper, -1)
                 rule = integer_range_rule(low, high)
             else:
-                low, low_inclusive = _decimal_bound(schema, "minimum", "exclusiveMinimum", 1)
-                high, high_inclusive = _decimal_bound(schema, "maximum", "exclusiveMaximum", -1)
+                (low, low_inclusive), (high, high_inclusive) = lower, upper
                 rule = number_range_rule(low, high, low_inclusive, high_inclusive)
             if not rule:
                 raise GrammarError(f"the JSON schema's {kind} bounds admit no {kind} ({low}..{high})")
@@ -44,27 +44,24 @@ class _BoundedNumbers(SchemaConverter):  # type: ignore[misc]
         return super().visit(schema, name)
 
 
-def _bound(schema: dict, inclusive: str, exclusive: str, step: int) -> int | None:
-    """The least (step 1) or greatest (step -1) integer a schema's bound admits."""
-    rounded = math.ceil if step > 0 else math.floor
-    bounds = []
-    if _is_number(value := schema.get(inclusive)):
-        bounds.append(rounded(value))
-    if _is_number(value := schema.get(exclusive)):
-        bounds.append(rounded(value + step) if value == int(value) else rounded(value))
-    if not bounds:
-        return None
-    return max(bounds) if step > 0 else min(bounds)
-
-
-def _decimal_bound(schema: dict, inclusive: str, exclusive: str, step: int) -> tuple[Decimal | None, bool]:
-    """The tighter of a schema's inclusive and exclusive bound on one side, and whether it is inclusive."""
+def _tighter(schema: dict, inclusive: str, exclusive: str, step: int) -> tuple[Decimal | None, bool]:
+    """The tighter of a schema's inclusive and exclusive bound on one side (lower: step 1, upper: -1), and whether it
+    is inclusive; (None, True) when the side is unbounded."""
     bounds = [(Decimal(repr(value)), kind == inclusive) for kind in (inclusive, exclusive)
               if _is_number(value := schema.get(kind)) and math.isfinite(value)]
     if not bounds:
         return None, True
-    # the larger lower bound (step 1) or the smaller upper bound; at a tie the exclusive one
+    # the larger lower bound or the smaller upper bound; at a tie the exclusive one
     return max(bounds, key=lambda bound: (bound[0] * step, not bound[1]))
+
+
+def _least_integer(value: Decimal | None, inclusive: bool, step: int) -> int | None:
+    """The least (step 1) or greatest (step -1) integer a bound admits."""
+    if value is None:
+        return None
+    if value == int(value) and not inclusive:
+        return int(value) + step
+    return math.ceil(value) if step > 0 else math.floor(value)
 
 
 def _is_number(value: Any) -> bool:
