@@ -8,7 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from edge_llm.api.errors import APIError, from_engine_error, from_pydantic, from_validation_errors
-from edge_llm.api.protocol import ChatCompletionRequest, SamplingDefaults, SimplePromptRequest
+from edge_llm.api.params import ignored_fields_header, take_unknown
+from edge_llm.api.protocol import MAX_STOP_STRINGS, ChatCompletionRequest, SamplingDefaults, SimplePromptRequest
 from edge_llm.prompting.chat_template import TemplateError
 from edge_llm.engine.types import EngineUnavailableError, QueueFullError
 
@@ -82,17 +83,52 @@ def test_chat_ranges(field: str, good: list, bad: list) -> None:
         assert error.message.startswith(f"Invalid value for '{field}'")
 
 
-def test_unknown_fields_are_rejected() -> None:
-    error = error_of(frobnicate=True)
-    assert error.code == "unknown_parameter"
-    assert error.param == "frobnicate"
-    assert "frobnicate" in error.message
-    # also inside a message
+def test_unknown_keys_at_every_depth_are_collected_with_their_paths_and_dropped() -> None:
+    body = {
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}]},
+            {"role": "assistant", "content": "y", "annotations": [], "audio": None},
+            {"role": "user", "content": "z"},
+        ],
+        "frobnicate": True,
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "x-any": 1}},
+                   "cache_control": {}}],
+    }
+    request = ChatCompletionRequest.model_validate(body)
+    assert take_unknown(request) == ["frobnicate", "messages.0.content.0.cache_control", "messages.1.annotations",
+                                     "messages.1.audio", "tools.0.cache_control"]
+    assert take_unknown(request) == []  # dropped: nothing downstream sees them
+    assert "annotations" not in request.messages[1].model_dump()
+    assert request.tools[0].function.parameters["x-any"] == 1  # a schema is data, not a request key
+
+
+def test_ignored_fields_header_is_ascii_and_capped() -> None:
+    paths = [f"messages.{index}.x\n,é" for index in range(40)]
+    header = ignored_fields_header(paths).decode("ascii")
+    assert header.count(",") == 32  # 32 paths, then the count of the rest
+    assert header.endswith(",...+8") and "%2C" in header and "%C3%A9" in header
+
+
+def test_an_error_inside_a_union_names_the_body_path_not_the_union_branch() -> None:
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}
     with pytest.raises(ValidationError) as info:
-        ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x", "extra": 1}]})
-    error = from_pydantic(info.value)
-    assert error.code == "unknown_parameter"
-    assert error.param == "messages.0.extra"
+        ChatCompletionRequest.model_validate(body)
+    error = from_pydantic(info.value, body)
+    assert error.param == "messages.0.content.0.text"
+    assert "valid string" in error.message
+    body = {"messages": [{"role": "user", "content": 5}]}
+    with pytest.raises(ValidationError) as info:
+        ChatCompletionRequest.model_validate(body)
+    error = from_pydantic(info.value, body)
+    assert error.param == "messages.0.content"
+    assert "valid string" in error.message and "valid list" in error.message
+
+
+def test_a_missing_key_is_named() -> None:
+    body = {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {}}]}
+    with pytest.raises(ValidationError) as info:
+        ChatCompletionRequest.model_validate(body)
+    assert from_pydantic(info.value, body).param == "tools.0.function.name"
 
 
 def test_ignored_openai_fields_are_accepted() -> None:
@@ -100,13 +136,14 @@ def test_ignored_openai_fields_are_accepted() -> None:
     assert request.user == "u1"
 
 
-def test_stop_accepts_a_string_or_up_to_four() -> None:
+def test_stop_accepts_a_string_or_as_many_as_clients_send_up_to_the_limit() -> None:
     assert chat(stop="###").stop_strings() == ("###",)
-    assert chat(stop=["a", "b", "c", "d"]).stop_strings() == ("a", "b", "c", "d")
+    many = [f"<stop{index}>" for index in range(MAX_STOP_STRINGS)]
+    assert chat(stop=many).stop_strings() == tuple(many)
     assert chat(stop=[]).stop_strings() == ()
-    error = error_of(stop=["a", "b", "c", "d", "e"])
+    error = error_of(stop=many + ["one more"])
     assert error.param == "stop"
-    assert "at most 4" in error.message
+    assert f"at most {MAX_STOP_STRINGS}" in error.message
 
 
 @pytest.mark.parametrize(

@@ -109,8 +109,38 @@ def from_validation_errors(errors: Sequence[Any], *, skip_body_prefix: bool = Tr
                     code="invalid_value")
 
 
-def from_pydantic(exc: ValidationError) -> APIError:
-    return from_validation_errors(exc.errors(include_url=False, include_input=False), skip_body_prefix=False)
+def from_pydantic(exc: ValidationError, body: Any = None) -> APIError:
+    """The 400 for a body its model refused. With the `body`, the error named is the one that got deepest into it
+    (of a union's branches, the one that matched furthest), at the path of its keys and indexes only: pydantic's
+    location also holds the names of union branches (`content.str`), which mean nothing to a client."""
+    errors = exc.errors(include_url=False, include_input=False)
+    if body is None or not errors:
+        return from_validation_errors(errors, skip_body_prefix=False)
+    located = [(_body_path(body, error), error) for error in errors]
+    deepest = max(len(path) for path, _ in located)
+    chosen = [(path, error) for path, error in located if len(path) == deepest]
+    path = chosen[0][0]
+    messages = list(dict.fromkeys(str(error.get("msg", "invalid value")) for _, error in chosen))
+    return from_validation_errors([{**chosen[0][1], "loc": tuple(path), "msg": ", or ".join(messages)}],
+                                  skip_body_prefix=False)
+
+
+def _body_path(body: Any, error: Any) -> list[str | int]:
+    """The part of an error's location that names keys and indexes of the body."""
+    location = list(error.get("loc", ()))
+    path: list[str | int] = []
+    node = body
+    for position, part in enumerate(location):
+        if isinstance(node, dict) and isinstance(part, str) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        elif position == len(location) - 1 and error.get("type") == "missing":
+            node = None  # the key that is missing
+        else:
+            continue  # a union branch's name
+        path.append(part)
+    return path
 
 
 def from_engine_error(exc: Exception) -> APIError:

@@ -9,9 +9,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from edge_llm.api.protocol_base import StrictModel
+from edge_llm.api.protocol_base import RequestModel
 
-from edge_llm.api.protocol_llama import LlamaServerFields
+from edge_llm.api.protocol_llama import MAX_STOP_STRINGS, LlamaServerFields
 from edge_llm.engine.types import SamplingParams
 
 # ---- errors --------------------------------------------------------------------------------
@@ -38,7 +38,7 @@ class SamplingDefaults(BaseModel):
     max_tokens: int
 
 
-class SimplePromptRequest(StrictModel):
+class SimplePromptRequest(RequestModel):
     """The minimal body: `{"prompt", "temperature", "top_p", "max_tokens"}`; answered as plain-text SSE."""
 
     prompt: str = Field(min_length=1)
@@ -67,23 +67,23 @@ class SimplePromptRequest(StrictModel):
         return self.max_tokens or defaults.max_tokens
 
 
-class TextContentPart(StrictModel):
+class TextContentPart(RequestModel):
     type: Literal["text"]
     text: str
 
 
-class FunctionCall(StrictModel):
+class FunctionCall(RequestModel):
     name: str
     arguments: str
 
 
-class ToolCall(StrictModel):
+class ToolCall(RequestModel):
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class ChatMessage(StrictModel):
+class ChatMessage(RequestModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextContentPart] | None = None
     name: str | None = None
@@ -128,18 +128,18 @@ def _json_or_text(arguments: str) -> Any:
         return arguments
 
 
-class StreamOptions(StrictModel):
+class StreamOptions(RequestModel):
     include_usage: bool = False
 
 
-class JsonSchemaFormat(StrictModel):
+class JsonSchemaFormat(RequestModel):
     name: str = Field(max_length=64)
     description: str | None = None
     schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(StrictModel):
+class ResponseFormat(RequestModel):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
@@ -150,23 +150,23 @@ class ResponseFormat(StrictModel):
         return self
 
 
-class FunctionDefinition(StrictModel):
+class FunctionDefinition(RequestModel):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     description: str | None = None
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
     strict: bool | None = None
 
 
-class ToolDefinition(StrictModel):
+class ToolDefinition(RequestModel):
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class NamedFunction(StrictModel):
+class NamedFunction(RequestModel):
     name: str
 
 
-class NamedToolChoice(StrictModel):
+class NamedToolChoice(RequestModel):
     type: Literal["function"]
     function: NamedFunction
 
@@ -185,7 +185,7 @@ def check_logit_bias(value: LogitBias | None) -> LogitBias | None:
     return value
 
 
-class _GenerationFields(StrictModel, LlamaServerFields):
+class _GenerationFields(RequestModel, LlamaServerFields):
     """What chat and text completions share (llama-server's native fields included)."""
 
     model: str | None = None
@@ -214,8 +214,8 @@ class _GenerationFields(StrictModel, LlamaServerFields):
     @field_validator("stop")
     @classmethod
     def _check_stop(cls, value: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(value, list) and len(value) > 4:
-            raise ValueError("at most 4 stop sequences are allowed")
+        if isinstance(value, list) and len(value) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop sequences are allowed")
         if value is not None and any(not s for s in ([value] if isinstance(value, str) else value)):
             raise ValueError("stop sequences must not be empty")
         return value

@@ -15,26 +15,26 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from edge_llm.api.protocol_base import StrictModel
+from edge_llm.api.protocol_base import RequestModel
 
 from edge_llm.api.protocol import SamplingDefaults
+from edge_llm.api.protocol_llama import MAX_STOP_STRINGS
 from edge_llm.engine.types import FinishReason, Finished, SamplingParams
 
-MAX_STOP_SEQUENCES = 16
 MAX_TOOLS = 128
 
 
 # ---- content blocks --------------------------------------------------------------------------
 
 
-class AnthropicTextBlock(StrictModel):
+class AnthropicTextBlock(RequestModel):
     type: Literal["text"]
     text: str
     cache_control: dict[str, Any] | None = None  # ignored
     citations: list[dict[str, Any]] | None = None  # ignored
 
 
-class AnthropicToolUseBlock(StrictModel):
+class AnthropicToolUseBlock(RequestModel):
     type: Literal["tool_use"]
     id: str = Field(min_length=1)
     name: str = Field(min_length=1)
@@ -42,7 +42,7 @@ class AnthropicToolUseBlock(StrictModel):
     cache_control: dict[str, Any] | None = None
 
 
-class AnthropicToolResultBlock(StrictModel):
+class AnthropicToolResultBlock(RequestModel):
     type: Literal["tool_result"]
     tool_use_id: str = Field(min_length=1)
     content: str | list[AnthropicTextBlock] = ""
@@ -58,7 +58,7 @@ AnthropicContentBlock = Annotated[AnthropicTextBlock | AnthropicToolUseBlock | A
                                   Field(discriminator="type")]
 
 
-class AnthropicMessage(StrictModel):
+class AnthropicMessage(RequestModel):
     role: Literal["user", "assistant"]
     content: str | list[AnthropicContentBlock]
 
@@ -103,7 +103,7 @@ class AnthropicMessage(StrictModel):
 # ---- tools -----------------------------------------------------------------------------------
 
 
-class AnthropicTool(StrictModel):
+class AnthropicTool(RequestModel):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     description: str | None = None
     input_schema: dict[str, Any]
@@ -117,7 +117,7 @@ class AnthropicTool(StrictModel):
         return {"type": "function", "function": function}
 
 
-class AnthropicToolChoice(StrictModel):
+class AnthropicToolChoice(RequestModel):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: bool | None = None  # one call per answer is all the grammar makes anyway
@@ -129,12 +129,12 @@ class AnthropicToolChoice(StrictModel):
         return self
 
 
-class AnthropicJsonFormat(StrictModel):
+class AnthropicJsonFormat(RequestModel):
     type: Literal["json_schema"]
     schema_: dict[str, Any] = Field(alias="schema")
 
 
-class AnthropicOutputConfig(StrictModel):
+class AnthropicOutputConfig(RequestModel):
     format: AnthropicJsonFormat | None = None  # structured output: the answer follows the schema (a grammar)
     effort: str | None = None  # ignored
 
@@ -142,7 +142,7 @@ class AnthropicOutputConfig(StrictModel):
 # ---- requests --------------------------------------------------------------------------------
 
 
-class CountTokensRequest(StrictModel):
+class CountTokensRequest(RequestModel):
     """What makes the prompt: the body of /v1/messages/count_tokens, and the first half of /v1/messages."""
 
     model: str
@@ -208,7 +208,7 @@ class CountTokensRequest(StrictModel):
 
 class MessagesRequest(CountTokensRequest):
     max_tokens: int = Field(ge=1)
-    stop_sequences: list[str] | None = Field(None, max_length=MAX_STOP_SEQUENCES)
+    stop_sequences: list[str] | None = Field(None, max_length=MAX_STOP_STRINGS)
     stream: bool = False
     temperature: float | None = Field(None, ge=0.0, le=1.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)

@@ -1,9 +1,15 @@
-"""The base of every request body: unknown fields are refused (a 400 that names them), not silently ignored."""
+"""The base of every request body and of every object inside one.
+
+Clients written for other servers, SDKs and frameworks add keys this server does not know, at any depth (an
+assistant message echoed back with `annotations` and `refusal`, a content part with `cache_control`, llama.vscode's
+`input_extra` chunks with `time`). Such keys are kept aside while the body is validated (`extra="allow"`), then
+reported with their dotted paths and dropped (`api/params.py`); `--strict-params` refuses them instead.
+"""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
 
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class RequestModel(BaseModel):
+    model_config = ConfigDict(extra="allow")

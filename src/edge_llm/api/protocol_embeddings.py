@@ -6,13 +6,13 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, StrictInt, StrictStr
 
-from edge_llm.api.protocol_base import StrictModel
+from edge_llm.api.protocol_base import RequestModel
 
 MAX_INPUTS = 2048  # OpenAI's limit on the items of one request
 MAX_REQUEST_TOKENS = 32768  # all inputs together: about two minutes of work on a small CPU
 
 
-class EmbeddingsRequest(StrictModel):
+class EmbeddingsRequest(RequestModel):
     # A string, strings, one text as token ids, or texts as token ids (OpenAI's four forms).
     input: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
     model: str | None = None

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field, field_validator
 
-from edge_llm.api.protocol_base import StrictModel
+from edge_llm.api.protocol_base import RequestModel
 
 from edge_llm.engine.types import SamplingParams
 
@@ -20,7 +20,8 @@ if TYPE_CHECKING:  # protocol.py imports this module
     from edge_llm.api.protocol import SamplingDefaults
 
 MAX_EXTRA_FILES = 64
-MAX_STOP_STRINGS = 16
+# Stop strings as many as clients send (Continue sends a dozen for FIM), not OpenAI's 4; each is matched per token.
+MAX_STOP_STRINGS = 64
 
 
 class LlamaServerFields(BaseModel):
@@ -36,12 +37,12 @@ class LlamaServerFields(BaseModel):
         return self.n_predict if self.n_predict is not None and self.n_predict > 0 else None
 
 
-class ExtraChunk(StrictModel):
+class ExtraChunk(RequestModel):
     text: str
     filename: str = Field("tmp", max_length=1024)
 
 
-class InfillRequest(StrictModel):
+class InfillRequest(RequestModel):
     model: str | None = None
     input_prefix: str
     input_suffix: str

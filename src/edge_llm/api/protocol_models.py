@@ -7,10 +7,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from edge_llm.api.protocol_base import StrictModel
+from edge_llm.api.protocol_base import RequestModel
 
 
-class ModelLoadRequest(StrictModel):
+class ModelLoadRequest(RequestModel):
     """POST /models/load and /models/unload."""
 
     model: str = Field(min_length=1)

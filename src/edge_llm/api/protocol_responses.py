@@ -9,23 +9,26 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
-from edge_llm.api.protocol_base import StrictModel
+from edge_llm.api.protocol_base import RequestModel
 
 from edge_llm.api.protocol import ChatMessage, FunctionCall, ToolCall
 
 TEXT_PART_TYPES = ("input_text", "output_text", "text")
 
 
-class _Item(BaseModel):
-    # Items a client sends back from an earlier response carry `id`, `status`, annotations…: harmless here.
-    model_config = ConfigDict(extra="ignore")
+class _Item(RequestModel):
+    # Items a client sends back from an earlier response carry their `id` and `status`: known, and unused here.
+    id: str | None = None
+    status: str | None = None
 
 
 class TextPart(_Item):
     type: str
     text: str = ""
+    annotations: list[Any] | None = None  # on output_text sent back: known, unused
+    logprobs: list[Any] | None = None
 
     @field_validator("type")
     @classmethod
@@ -87,10 +90,8 @@ InputItem = Annotated[
 ]
 
 
-class ResponsesTool(BaseModel):
+class ResponsesTool(RequestModel):
     """A tool as declared; only `function` tools are served (the others are refused by name, in serving)."""
-
-    model_config = ConfigDict(extra="allow")
 
     type: str
     name: str | None = None
@@ -114,12 +115,12 @@ class ResponsesTool(BaseModel):
                 "parameters": self.parameters, "strict": self.strict}
 
 
-class FunctionToolChoice(StrictModel):
+class FunctionToolChoice(RequestModel):
     type: Literal["function"]
     name: str
 
 
-class TextFormat(StrictModel):
+class TextFormat(RequestModel):
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = Field(None, max_length=64)
     description: str | None = None
@@ -144,12 +145,12 @@ class TextFormat(StrictModel):
         return self.model_dump(by_alias=True, exclude_none=True)
 
 
-class TextConfig(StrictModel):
+class TextConfig(RequestModel):
     format: TextFormat | None = None
     verbosity: Literal["low", "medium", "high"] | None = None  # accepted, ignored
 
 
-class ResponsesRequest(StrictModel):
+class ResponsesRequest(RequestModel):
     model: str | None = None
     input: Annotated[Annotated[str, Tag("text")] | Annotated[list[InputItem], Tag("items")],
                      Discriminator(lambda value: "text" if isinstance(value, str) else "items")]

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from edge_llm.api.protocol_base import StrictModel
+from edge_llm.api.protocol_base import RequestModel
 
 
-class TokenizeRequest(StrictModel):
+class TokenizeRequest(RequestModel):
     model: str | None = None
     content: str
     add_special: bool = False
     parse_special: bool = True
 
 
-class DetokenizeRequest(StrictModel):
+class DetokenizeRequest(RequestModel):
     model: str | None = None
     tokens: list[int]

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import Request
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from edge_llm.api.errors import APIError, from_engine_error, from_pydantic, invalid_request
+from edge_llm.api.errors import APIError, from_engine_error, invalid_request
 from edge_llm.api.limits import cap_max_tokens, check_prompt_tokens
-from edge_llm.api.params import drop_unknown
+from edge_llm.api.params import parse_body
 from edge_llm.api.protocol_llama import LlamaServerFields
 from edge_llm.api.serving.body import json_object
 from edge_llm.api.protocol import ErrorResponse, PromptTokensDetails, SamplingDefaults, UsageInfo
@@ -120,18 +120,11 @@ class Serving:
         return json_object(await request.body())
 
     def parse(self, model: type[BodyModel], body: dict[str, Any]) -> BodyModel:
-        """`body` validated as `model`; unknown top-level fields are ignored and reported (api/params.py), or
-        refused with `--strict-params`."""
+        """`body` validated as `model`; keys its models do not know, at any depth, are ignored and reported
+        (api/params.py), or refused with `--strict-params`."""
         if "keep_alive" in body:  # Ollama's field, accepted in every body: the model router reads it
             body = {key: value for key, value in body.items() if key != "keep_alive"}
-        if not self.settings.strict_params and model.model_config.get("extra") == "forbid":
-            body = drop_unknown(model, body)
-        try:
-            return model.model_validate(body)
-        except ValidationError as exc:
-            raise from_pydantic(exc) from None
-        except RecursionError:
-            raise APIError(400, "The request body is nested too deeply", code="invalid_json") from None
+        return parse_body(model, body, strict=self.settings.strict_params)
 
     async def read(self, request: Request, model: type[BodyModel]) -> BodyModel:
         """The body parsed as `model`, and the model it names checked."""

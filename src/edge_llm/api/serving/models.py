@@ -9,10 +9,8 @@ from typing import Any
 
 from fastapi import Request
 
-from pydantic import ValidationError
-
-from edge_llm.api.errors import from_pydantic
 from edge_llm.api.model_routing import keep_alive_of, unavailable, unknown_model
+from edge_llm.api.params import parse_body
 from edge_llm.api.protocol_models import ModelCard, ModelList, ModelLoadRequest
 from edge_llm.api.serving.body import json_object
 from edge_llm.config import Settings
@@ -65,10 +63,7 @@ class ModelServing:
 
     async def _body(self, request: Request) -> tuple[str, Any]:
         body = json_object(await request.body())
-        try:
-            parsed = ModelLoadRequest.model_validate(body)
-        except ValidationError as exc:
-            raise from_pydantic(exc) from None
+        parsed = parse_body(ModelLoadRequest, body, strict=self.settings.strict_params)
         return parsed.model, keep_alive_of(body)
 
     def _entry(self, name: str) -> ModelEntry:
