@@ -52,10 +52,31 @@ def test_any_unknown_field_name_fits_in_the_header(server: RunningServer) -> Non
         assert all(ch.isascii() and ch.isprintable() for ch in response.headers["x-edge-llm-ignored-fields"])
 
 
+# What SDKs and agents add to an echoed assistant turn and to content parts (openai-python's ChatCompletionMessage
+# dumped back: annotations, audio, refusal, function_call; Cline and Roo Code: cache_control on a text part).
+ECHOED_TURNS = [
+    {"role": "user", "content": [{"type": "text", "text": "Say hi.", "cache_control": {"type": "ephemeral"}}]},
+    {"role": "assistant", "content": "Hi!", "annotations": [], "audio": None, "refusal": None, "function_call": None},
+    {"role": "user", "content": "Again."},
+]
+
+
+def test_unknown_keys_inside_messages_and_parts_are_ignored_and_named(server: RunningServer) -> None:
+    response = httpx.post(server.url + CHAT, json={**chat_body(), "messages": ECHOED_TURNS}, timeout=60)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-edge-llm-ignored-fields"].split(",") == [
+        "messages.0.content.0.cache_control", "messages.1.annotations", "messages.1.audio",
+        "messages.1.function_call"]  # refusal is a field of OpenAI's assistant message, known here
+    assert response.json()["choices"][0]["message"]["content"] is not None
+
+
 def test_strict_params_refuses_unknown_fields(strict_server: RunningServer) -> None:
     response = httpx.post(strict_server.url + CHAT, json=chat_body(id_slot=0), timeout=60)
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "unknown_parameter" and response.json()["error"]["param"] == "id_slot"
+    nested = httpx.post(strict_server.url + CHAT, json={**chat_body(), "messages": ECHOED_TURNS}, timeout=60)
+    assert nested.status_code == 400
+    assert nested.json()["error"]["param"] == "messages.0.content.0.cache_control"
 
 
 def test_routes_without_v1_and_health(server: RunningServer, model_id: str) -> None:

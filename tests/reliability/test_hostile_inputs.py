@@ -192,7 +192,7 @@ WRONG_TYPES: dict[str, list[Any]] = {
     "min_p": NOT_A_NUMBER + [-0.1, 1.1],
     "max_tokens": NOT_AN_INTEGER + [0, -5],
     "max_completion_tokens": NOT_AN_INTEGER + [0],
-    "stop": [5, [1, 2], {"k": "v"}, True, ["a", "b", "c", "d", "e"], [""]],
+    "stop": [5, [1, 2], {"k": "v"}, True, ["s"] * 65, [""]],
     "seed": NOT_AN_INTEGER + [2 ** 64, -(2 ** 63) - 1],
     "n": NOT_AN_INTEGER + [0, 9, 10 ** 6, 2 ** 64],
     "presence_penalty": NOT_A_NUMBER + [3],
