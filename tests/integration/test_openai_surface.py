@@ -293,7 +293,7 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"n": 0}, "n"),
     ({"n": 100}, "n"),
     ({"logprobs": True, "top_logprobs": 25}, "top_logprobs"),
-    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"stop": [f"s{i}" for i in range(65)]}, "stop"),
     ({"logit_bias": {"999999999": 5}}, "logit_bias"),
     ({"logit_bias": {"12": 500}}, "logit_bias"),
     ({"response_format": {"type": "xml"}}, "response_format.type"),
