@@ -174,16 +174,22 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _run_server(settings: Settings) -> int:
     """Listens at once (/healthz 200; with --model alone /readyz 503 "loading" while the engine thread loads it)."""
-    from edge_llm.api.app import create_app
-    from edge_llm.cli.banner import log_banner, log_models_banner
     from edge_llm.cli.preflight import memory_budget
     from edge_llm.registry.setup import build_registry
     from edge_llm.registry.specs import ModelSpecError
 
     try:
         registry = build_registry(settings, _engine_factory(settings), default_budget=memory_budget())
+    except (ModelSpecError, ValueError) as exc:
+        return _fail(str(exc))
+    registry.preload()  # the model loads on its engine thread while the API is imported and the socket opened
+    from edge_llm.api.app import create_app
+    from edge_llm.cli.banner import log_banner, log_models_banner
+
+    try:
         app = create_app(settings, registry=registry)
     except (ModelSpecError, ValueError) as exc:
+        registry.close()
         return _fail(str(exc))
     if registry.on_demand:
         log_models_banner(settings, registry)

@@ -87,6 +87,7 @@ class ModelRegistry:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Event | None = None
         self._closing = False
+        self._preloaded: dict[str, EngineClient] = {}
 
     # ---- names ------------------------------------------------------------------------------------
 
@@ -115,6 +116,17 @@ class ModelRegistry:
             entry = self.resolve(None)
             room = self._load_if_room(entry)
             assert room, "one model always fits"
+
+    def preload(self) -> None:
+        """With `on_demand` False, starts loading the one model now (any thread, before the event loop runs) so that
+        the load overlaps the rest of the start-up; `start` adopts the engine."""
+        if self.on_demand or self._preloaded:
+            return
+        entry = self.resolve(None)
+        client = self._factory(entry.spec)
+        client.start()
+        self._preloaded[entry.name] = client
+        entry.client = client
 
     def close(self) -> None:
         """Stops every engine (blocking; any thread): what runs ends with an error event, the models are freed."""
@@ -232,7 +244,7 @@ class ModelRegistry:
         started = time.monotonic()
         client: EngineClient | None = None
         try:
-            client = self._factory(entry.spec)
+            client = self._preloaded.pop(entry.name, None) or self._factory(entry.spec)
             entry.client = client
             self.prepare(entry.spec, client)
             client.on_exit(self._exit_handler(entry, client))

@@ -21,6 +21,7 @@ from edge_llm.engine.embeddings import EMBEDDING_MAX_TOKENS
 from edge_llm.engine.kv_types import KV_TYPES
 from edge_llm.engine.llama.embedding import EmbeddingContext
 from edge_llm.engine.llama.kv_state import read_sequence_state, write_sequence_state
+from edge_llm.engine.llama.loading import STRLEN_ADDRESS, ModelLoadError, create_context, expected_failure, load_model
 from edge_llm.engine.llama.sampling import Sampler, TokenSampling
 from edge_llm.engine.step_plan import KvCopy, KvOp, KvRemove, KvShift, KvTrim
 from edge_llm.engine.scheduler import StepPlan
@@ -34,30 +35,6 @@ from edge_llm.engine.types import (
 )
 
 logger = logging.getLogger(__name__)
-_llama_logger = logging.getLogger("edge_llm.llama_cpp")
-
-# ggml_log_level: 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the previous line
-_GGML_LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ERROR, 5: logging.DEBUG}
-
-
-@llama_cpp.llama_log_callback
-def _route_llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
-    # llama.cpp is chatty at info level; its info lines go to debug so that a normal run stays readable.
-    python_level = _GGML_LEVELS.get(level, logging.DEBUG)
-    if _llama_logger.isEnabledFor(python_level):
-        message = text.decode("utf-8", errors="replace").rstrip()
-        if message:
-            _llama_logger.log(python_level, "%s", message)
-
-
-llama_cpp.llama_log_set(_route_llama_log, ctypes.c_void_p(0))
-llama_cpp.llama_backend_init()
-
-
-class ModelLoadError(RuntimeError):
-    pass
-
-
 class DecodeError(RuntimeError):
     def __init__(self, code: int) -> None:
         super().__init__(f"llama_decode failed with code {code}")
@@ -84,26 +61,10 @@ _FLASH_ATTN = {"auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": llama_cpp.LLA
                "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED}
 
 
-class _LoadProgress:
-    """Logs model-loading progress in quarters (llama.cpp calls back with a fraction)."""
-
-    def __init__(self, model_path: Path) -> None:
-        self._name = model_path.name
-        self._next = 0.25
-        self.callback = llama_cpp.llama_progress_callback(self._report)  # kept alive while loading
-
-    def _report(self, fraction: float, _user_data: ctypes.c_void_p) -> bool:
-        while fraction >= self._next and self._next <= 1.0:
-            logger.info("loading %s: %d%%", self._name, round(self._next * 100))
-            self._next += 0.25
-        return True
-
-
 # llama.cpp asks an abort callback after every node of a decode's graph (on its first compute thread). A Python callback
 # would take the GIL hundreds of times a step; libc's strlen on a two-byte flag is the same test in C: true once the
 # flag's first byte is set (`abort_step`), false while it is 0.
-_STRLEN_ADDRESS = ctypes.cast(ctypes.CDLL(None).strlen, ctypes.c_void_p).value
-_ABORT_CHECK = llama_cpp.ggml_abort_callback(_STRLEN_ADDRESS)
+_ABORT_CHECK = llama_cpp.ggml_abort_callback(STRLEN_ADDRESS)
 
 
 # ggml-cpu's tiled K-quant matmul (8 rows and more) rounds otherwise than its kernels for fewer rows, so a row's
@@ -121,17 +82,17 @@ class LlamaRunner:
         model_params = llama_cpp.llama_model_default_params()
         # Repacked weights take a 4-row GEMM for groups of rows and a GEMV for the rest: batch-dependent rounding.
         model_params.use_extra_bufts = not config.deterministic
-        progress = _LoadProgress(model_path)
-        model_params.progress_callback = progress.callback
-        self._model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), model_params)
-        if not self._model:
-            raise ModelLoadError(f"llama.cpp could not load {model_path} (corrupt, truncated or unsupported GGUF)")
+        self._model = load_model(model_path, model_params)
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         ctx_params = llama_cpp.llama_context_default_params()
         ctx_params.n_ctx = config.n_ctx
         ctx_params.n_batch = config.n_batch
         ctx_params.n_ubatch = min(config.n_batch, 512)
         ctx_params.n_seq_max = config.n_seq_max
+        if config.logit_rows > 0:
+            # llama.cpp sizes its worst-case graph for n_outputs_max rows of logits (n_batch by default: 300 MiB of
+            # compute buffer on the default model, most of it never used) and aborts a batch that asks for more.
+            ctx_params.n_outputs_max = max(config.logit_rows, config.n_seq_max)
         ctx_params.n_threads = config.n_threads
         ctx_params.n_threads_batch = config.n_threads_batch
         # One stream for every sequence shares cells (a prefix copy costs nothing); a stream per sequence keeps each
@@ -142,7 +103,7 @@ class LlamaRunner:
         ctx_params.type_k = KV_TYPES[config.cache_type_k].ggml_type
         ctx_params.type_v = KV_TYPES[config.cache_type_v].ggml_type
         ctx_params.flash_attn_type = _FLASH_ATTN[config.flash_attn]
-        self._ctx = llama_cpp.llama_init_from_model(self._model, ctx_params)
+        self._ctx = create_context(self._model, ctx_params)
         if not self._ctx:
             llama_cpp.llama_model_free(self._model)
             raise ModelLoadError(
@@ -166,15 +127,31 @@ class LlamaRunner:
         self._reserve_outputs(min(config.logit_rows, config.n_batch, config.n_ctx))
 
     def _reserve_outputs(self, rows: int) -> None:
-        """One decode of `rows` rows with logits, then an empty cache: llama.cpp grows its output buffer to the largest
-        step's logits and its pages count once written, so without this a server's memory creeps up to them while it
-        serves (the soak saw ~10 MiB per 100 requests with drafting). The cost is one prefill of `rows` tokens."""
-        if rows <= 0:
-            return
-        plan = StepPlan()
-        for position in range(rows):
-            plan.add(0, position, 0, True)
-        self.decode(plan)
+        """llama.cpp grows its output buffer to the largest step's rows of logits, and its pages count once written:
+        without this a server's memory would creep up to them while it serves (the soak saw ~10 MiB per 100 requests
+        with drafting). A decode of `rows` rows stopped at its first graph node grows the buffer (it is sized before
+        the graph runs), and writing it makes its pages resident now: the cost of the full decode (0.5 s on the
+        default model, the output projection of every row) is not paid at start-up. Then one token warms the
+        weights and the thread pool, as llama-server's warm-up does."""
+        if rows > 0:
+            plan = StepPlan()
+            for position in range(rows):
+                plan.add(0, position, 0, True)
+            self.abort_step()
+            try:
+                with expected_failure():
+                    self.decode(plan)
+            except StepAbortedError:
+                pass
+            finally:
+                self.arm_abort()
+            logits = llama_cpp.llama_get_logits(self._ctx)
+            if logits:
+                ctypes.memset(logits, 0, ctypes.sizeof(ctypes.c_float) * self._n_vocab * rows)
+            self.clear_kv()
+        warm_up = StepPlan()
+        warm_up.add(self.info.bos_token if self.info.bos_token is not None else 0, 0, 0, True)
+        self.decode(warm_up)
         self.clear_kv()
 
     # ---- model facts -----------------------------------------------------------------

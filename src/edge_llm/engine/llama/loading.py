@@ -1,0 +1,112 @@
+"""llama.cpp's log lines routed to Python logging, and a model and its context created without holding up the process.
+
+While it loads, llama.cpp calls back hundreds of times (a log line and a progress fraction per tensor). A Python
+callback takes the GIL, which costs up to a switch interval (5 ms) whenever another thread runs Python: at start-up
+the API is imported beside the load, and a 0.5 s load took 2 to 5 s. So below --log-level debug the load runs with C
+functions in those places (libc's `abs` ignores a log line; `strlen` of a non-empty string answers "go on"), a timer
+says "still loading" every few seconds, and a load that fails is tried again with llama.cpp's lines on, so that the
+log says why. The log callback is process-wide: a warning another model's thread logs during those moments is lost.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+import llama_cpp
+
+logger = logging.getLogger(__name__)
+_llama_logger = logging.getLogger("edge_llm.llama_cpp")
+_thread_state = threading.local()  # `expected_failure` while the engine thread makes llama.cpp fail on purpose
+
+# ggml_log_level: 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the previous line
+_GGML_LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ERROR, 5: logging.DEBUG}
+_STILL_LOADING_EVERY_S = 5.0
+
+
+@llama_cpp.llama_log_callback
+def _route_llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+    # llama.cpp is chatty at info level; its info lines go to debug so that a normal run stays readable.
+    python_level = _GGML_LEVELS.get(level, logging.DEBUG)
+    if getattr(_thread_state, "expected_failure", False):
+        python_level = logging.DEBUG
+    if _llama_logger.isEnabledFor(python_level):
+        message = text.decode("utf-8", errors="replace").rstrip()
+        if message:
+            _llama_logger.log(python_level, "%s", message)
+
+
+llama_cpp.llama_log_set(_route_llama_log, ctypes.c_void_p(0))
+llama_cpp.llama_backend_init()
+
+_LIBC = ctypes.CDLL(None)
+STRLEN_ADDRESS = ctypes.cast(_LIBC.strlen, ctypes.c_void_p).value
+_IGNORE_LOG_LINE = llama_cpp.llama_log_callback(ctypes.cast(_LIBC.abs, ctypes.c_void_p).value)
+_GO_ON = llama_cpp.llama_progress_callback(STRLEN_ADDRESS)
+_NON_EMPTY = ctypes.create_string_buffer(b"1")
+
+Handle = TypeVar("Handle")
+
+
+class ModelLoadError(RuntimeError):
+    pass
+
+
+@contextmanager
+def expected_failure() -> Iterator[None]:
+    """llama.cpp's error lines on this thread go to debug: the caller makes it fail on purpose."""
+    _thread_state.expected_failure = True
+    try:
+        yield
+    finally:
+        _thread_state.expected_failure = False
+
+
+def load_model(path: Path, params: llama_cpp.llama_model_params) -> llama_cpp.llama_model_p:
+    params.progress_callback = _GO_ON
+    params.progress_callback_user_data = ctypes.cast(_NON_EMPTY, ctypes.c_void_p)
+    with _still_loading(path.name):
+        model = _without_python_callbacks(lambda: llama_cpp.llama_model_load_from_file(str(path).encode(), params))
+    if not model:
+        raise ModelLoadError(f"llama.cpp could not load {path} (corrupt, truncated or unsupported GGUF)")
+    return model
+
+
+def create_context(model: llama_cpp.llama_model_p,
+                   params: llama_cpp.llama_context_params) -> llama_cpp.llama_context_p | None:
+    return _without_python_callbacks(lambda: llama_cpp.llama_init_from_model(model, params))
+
+
+def _without_python_callbacks(create: Callable[[], Handle]) -> Handle:
+    if _llama_logger.isEnabledFor(logging.DEBUG):
+        return create()
+    llama_cpp.llama_log_set(_IGNORE_LOG_LINE, ctypes.c_void_p(0))
+    try:
+        handle = create()
+    finally:
+        llama_cpp.llama_log_set(_route_llama_log, ctypes.c_void_p(0))
+    return handle or create()  # a failure again, this time with llama.cpp's lines saying why
+
+
+@contextmanager
+def _still_loading(name: str) -> Iterator[None]:
+    done = threading.Event()
+
+    def report() -> None:
+        waited = 0.0
+        while not done.wait(_STILL_LOADING_EVERY_S):
+            waited += _STILL_LOADING_EVERY_S
+            logger.info("still loading %s (%.0f s)", name, waited)
+
+    reporter = threading.Thread(target=report, name="edge-llm-load-report", daemon=True)
+    reporter.start()
+    try:
+        yield
+    finally:
+        done.set()
+        reporter.join()
