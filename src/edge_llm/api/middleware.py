@@ -14,6 +14,7 @@ import socket
 import sys
 import time
 from collections.abc import Sequence
+from email.utils import formatdate
 from typing import Any
 
 import anyio
@@ -47,6 +48,18 @@ _REJECTION_BY_CODE = {
     "model_memory_busy": "model_memory_busy",
 }
 _MAX_ERROR_BODY = 16384
+
+
+_date_cache: tuple[int, bytes] = (0, b"")
+
+
+def _http_date() -> bytes:
+    """The Date header, formatted once a second (uvicorn's own one needs its loop to wake every 0.1 s: cli/main.py)."""
+    global _date_cache
+    now = int(time.time())
+    if _date_cache[0] != now:
+        _date_cache = (now, formatdate(now, usegmt=True).encode())
+    return _date_cache[1]
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -147,6 +160,7 @@ class RequestContext:
                 record.status = message["status"]
                 headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != b"x-request-id"]
                 headers.append(id_header)
+                headers.append((b"date", _http_date()))
                 if ignored_fields and not any(k.lower() == IGNORED_FIELDS_HEADER.encode() for k, _ in headers):
                     headers.append((IGNORED_FIELDS_HEADER.encode(), ignored_fields_header(ignored_fields)))
                 message = {**message, "headers": headers}

@@ -217,16 +217,31 @@ def _graceful_server(app, settings: Settings):  # type: ignore[no-untyped-def]
     class GracefulServer(uvicorn.Server):
         _loop: asyncio.AbstractEventLoop | None = None
 
+        _exit_asked: asyncio.Event | None = None
+
         async def serve(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
             self._loop = asyncio.get_running_loop()
+            self._exit_asked = asyncio.Event()
             await super().serve(sockets)
+
+        async def main_loop(self) -> None:
+            # uvicorn's loop wakes every 0.1 s to refresh its Date header and look at should_exit: CPU used while
+            # idle. This one sleeps until an exit is asked for (the Date header: api/middleware.py).
+            await self.on_tick(0)
+            assert self._exit_asked is not None
+            await self._exit_asked.wait()
+
+        def ask_exit(self) -> None:  # any thread
+            self.should_exit = True
+            if self._loop is not None and self._exit_asked is not None:
+                self._loop.call_soon_threadsafe(self._exit_asked.set)
 
         def handle_exit(self, sig: int, frame) -> None:  # type: ignore[no-untyped-def]
             # Not recorded in uvicorn's captured signals: it would re-raise them after shutdown and the
             # process would end by the signal instead of with its exit code.
             if self.should_exit or self._loop is None:
                 self.force_exit = self.should_exit
-                self.should_exit = True
+                self.ask_exit()
                 return
             self._loop.call_soon_threadsafe(lifecycle.shutdown, signal.Signals(sig).name)
 
@@ -238,14 +253,12 @@ def _graceful_server(app, settings: Settings):  # type: ignore[no-untyped-def]
         h11_max_incomplete_event_size=2 * settings.max_header_bytes,
         log_config=None,
         access_log=False,  # edge_llm.access writes one line per request
+        date_header=False,  # api/middleware.py writes it
         timeout_graceful_shutdown=5,  # after the drain, for connections still closing
     )
     server = GracefulServer(config)
 
-    def request_exit() -> None:
-        server.should_exit = True
-
-    lifecycle.request_exit = request_exit
+    lifecycle.request_exit = server.ask_exit
     return server
 
 
