@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/run_benchmarks.py [--quick] [--skip-peer]
     .venv/bin/python benchmarks/run_benchmarks.py --only structured|real-client|infill [--llama-server PATH]
-    .venv/bin/python benchmarks/run_benchmarks.py --only kv-types|prefix-restart|determinism
+    .venv/bin/python benchmarks/run_benchmarks.py --only kv-types|prefix-restart|determinism|cold
 
 In one run, on the same model and thread count:
   (a) raw: the llama-cpp-python decode ceiling, a low-level batched greedy decode loop;
@@ -22,6 +22,8 @@ Writes benchmarks/results/latest.{json,md,png}; server logs go to benchmarks/res
     clients: distinct answers and the aggregate throughput cost (issue 18, ours);
   kv-types: memory, decode tok/s and quality against f16 of each KV cache type (--cache-type-k/-v; issue 21, ours);
   prefix-restart: TTFT after a restart with --prefix-cache-dir against warm and cold (issue 21, ours);
+  cold: serve → ready, RSS, idle CPU, the first prefill at 1k and 16k tokens, TTFT at 8 clients and a model
+    switch, each server started afresh, alternating (issue 40);
 each writes benchmarks/results/PART.{json,md}.
 The parts live in benchmarks/suite/ (its __init__ lists them).
 
@@ -41,7 +43,8 @@ from pathlib import Path
 
 from suite.plan import RESULTS
 
-PARTS = ("structured", "real-client", "infill", "speculative", "step-cost", "determinism", "kv-types", "prefix-restart")  # suite/parts.py
+PARTS = ("structured", "real-client", "infill", "speculative", "step-cost", "determinism", "kv-types", "prefix-restart",
+         "cold")  # suite/parts.py
 
 
 def _positive(text: str) -> int:

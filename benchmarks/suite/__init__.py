@@ -13,7 +13,8 @@ The parts that run alone (`--only PART`, parts.py): structured.py and structured
 real_client.py (issue 12), keystrokes.py and keystrokes_report.py (infill: the editor's keystroke replay, issue 16),
 speculative.py (speculative decoding: off vs ngram vs llama-server ngram-simple, issue 17),
 kv_types.py (the KV cache types) and prefix_restart.py (the persistent prefix cache across a restart; both issue 21),
-determinism.py (ours by default vs --deterministic: distinct answers and the throughput cost, issue 18).
+determinism.py (ours by default vs --deterministic: distinct answers and the throughput cost, issue 18),
+cold.py (start, first prefill, idle CPU, footprint and a model switch, each server started afresh, issue 40).
 
 Only plan.py and plot.py are imported for `--plot-only`: they need nothing but the standard library
 (and matplotlib).

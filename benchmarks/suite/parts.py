@@ -20,9 +20,11 @@ from typing import Any
 import httpx
 
 import edge_llm
-from edge_llm.models.fetch import default_model_path
+from edge_llm.models.catalogue import GEMMA_3_270M
+from edge_llm.models.fetch import default_model_path, models_dir
 
 from . import processes
+from .cold import cold_markdown, run_cold
 from .determinism import DEFAULT as DET_DEFAULT
 from .determinism import DETERMINISTIC, SERVER_FLAGS, determinism_markdown, determinism_targets, run_determinism
 from .keystrokes import PEER_FLAGS as KEYSTROKE_PEER_FLAGS
@@ -56,7 +58,8 @@ from .structured_report import OURS, PEER, real_client_markdown, structured_mark
 
 logger = logging.getLogger(__name__)
 
-PARTS = ("structured", "real-client", "infill", "speculative", "step-cost", "determinism", "kv-types", "prefix-restart")
+PARTS = ("structured", "real-client", "infill", "speculative", "step-cost", "determinism", "kv-types", "prefix-restart",
+         "cold")
 
 
 def measured_commit() -> str:
@@ -238,6 +241,13 @@ def run_prefix_restart_part(args: argparse.Namespace, plan: Plan, model: Path, b
     return {"meta": {**metadata(model, plan, None), "peer_note": "ours only"}, **run_prefix_restart(model, plan)}
 
 
+def run_cold_part(args: argparse.Namespace, plan: Plan, model: Path, binary: Path | None) -> dict[str, Any]:
+    wait_for_quiet("cold paths", plan.quiet_wait_s)
+    other = models_dir() / GEMMA_3_270M.filename
+    return {"meta": metadata(model, plan, binary),
+            **run_cold(model, plan, binary, other if other.is_file() and other != model else None)}
+
+
 RUNNERS: dict[str, tuple[Callable[..., dict[str, Any]], Callable[[dict[str, Any]], str]]] = {
     "structured": (run_structured, structured_markdown),
     "real-client": (run_real_client_part, real_client_markdown),
@@ -247,6 +257,7 @@ RUNNERS: dict[str, tuple[Callable[..., dict[str, Any]], Callable[[dict[str, Any]
     "determinism": (run_determinism_part, determinism_markdown),
     "kv-types": (run_kv_types_part, kv_types_markdown),
     "prefix-restart": (run_prefix_restart_part, prefix_restart_markdown),
+    "cold": (run_cold_part, cold_markdown),
 }
 
 

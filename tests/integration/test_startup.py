@@ -105,3 +105,30 @@ def test_a_missing_or_wrong_model_file(tmp_path: Path, content: bytes | None) ->
         assert "`edge-llm model fetch`" in message
     else:
         assert "not a GGUF model file" in message
+
+
+def _context_switches(pid: int) -> int:
+    """Every thread's voluntary and involuntary context switches: each wake-up of a thread counts."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            status = (task / "status").read_text()
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+        total += sum(int(line.split()[1]) for line in status.splitlines() if "ctxt_switches:" in line)
+    return total
+
+
+def test_the_load_is_a_metric_and_an_idle_server_does_not_wake_up(tmp_path: Path) -> None:
+    with run_server(tmp_path, "--ctx-size", "1024", "--parallel", "1", "--cache-slots", "0") as server:
+        metrics = httpx.get(server.url + "/metrics").text
+        model = MODEL.name.removesuffix(".gguf")
+        count = f'edge_llm_model_load_duration_seconds_count{{model="{model}"}} 1.0'
+        assert count in metrics, metrics
+        total = next(line for line in metrics.splitlines()
+                     if line.startswith(f'edge_llm_model_load_duration_seconds_sum{{model="{model}"}}'))
+        assert float(total.split()[-1]) > 0
+        # No timer runs while nothing is asked: uvicorn's own loop would wake ~10 times a second (20 here).
+        before = _context_switches(server.process.pid)
+        time.sleep(2)  # the window observed, not a wait for an event
+        assert _context_switches(server.process.pid) - before <= 4

@@ -76,6 +76,7 @@ def create_app(
     records = RequestRecords()
     lifecycle = Lifecycle(registry, settings.drain_timeout)
     registry.prepare = lambda spec, client: client.set_observer(EngineTelemetry(metrics, records, spec.name))
+    registry.on_loaded = lambda name, seconds: metrics.model_load.labels(name).observe(seconds)
     prefix_caching = settings.cache_slots > 0
     metrics.watch(lambda: [(ServedModel(name, prefix_caching), client.stats())
                            for name, client in registry.loaded_clients()],

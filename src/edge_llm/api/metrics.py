@@ -39,6 +39,7 @@ FINISH_REASONS = ("stop", "length", "timeout", "cancelled", "error")
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _TOKEN_GAP_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
+_LOAD_BUCKETS = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 _DURATION_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
@@ -100,6 +101,11 @@ class Metrics:
         )
         self.generated_tokens = Counter(
             "edge_llm_generated_tokens", "Tokens generated.", registry=r,
+        )
+        self.model_load = Histogram(
+            "edge_llm_model_load_duration_seconds", "From the start of a model's load to its engine taking requests "
+            "(at start-up, or on a request's demand with --models-dir).",
+            ["model"], buckets=_LOAD_BUCKETS, registry=r,
         )
         self.ttft = Histogram(
             "edge_llm_time_to_first_token_seconds", "From submission to the engine to the first sampled token.",

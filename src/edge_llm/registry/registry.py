@@ -84,10 +84,12 @@ class ModelRegistry:
         self.on_fatal: Callable[[BaseException], None] = lambda error: None
         # Called with each new engine before it starts (the API sets its observer: metrics, access log).
         self.prepare: Callable[[ModelSpec, EngineClient], None] = lambda spec, client: None
+        # Called with a model's name and load time in seconds each time a load completes (the API's histogram).
+        self.on_loaded: Callable[[str, float], None] = lambda name, seconds: None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Event | None = None
         self._closing = False
-        self._preloaded: dict[str, EngineClient] = {}
+        self._preloaded: dict[str, tuple[EngineClient, float]] = {}  # name → engine, when its load started
 
     # ---- names ------------------------------------------------------------------------------------
 
@@ -123,9 +125,10 @@ class ModelRegistry:
         if self.on_demand or self._preloaded:
             return
         entry = self.resolve(None)
+        started = time.monotonic()
         client = self._factory(entry.spec)
         client.start()
-        self._preloaded[entry.name] = client
+        self._preloaded[entry.name] = (client, started)
         entry.client = client
 
     def close(self) -> None:
@@ -241,10 +244,14 @@ class ModelRegistry:
         for unload in unloads:  # their memory is returned before this model takes its own
             await asyncio.shield(unload)
         logger.info("loading model %s (~%s)", entry.name, human_bytes(entry.spec.memory_bytes))
-        started = time.monotonic()
         client: EngineClient | None = None
         try:
-            client = self._preloaded.pop(entry.name, None) or self._factory(entry.spec)
+            preloaded = self._preloaded.pop(entry.name, None)
+            if preloaded is None:
+                started = time.monotonic()
+                client = self._factory(entry.spec)
+            else:
+                client, started = preloaded
             entry.client = client
             self.prepare(entry.spec, client)
             client.on_exit(self._exit_handler(entry, client))
@@ -275,6 +282,7 @@ class ModelRegistry:
         entry.last_used = time.monotonic()
         entry.unload_when_idle = False
         logger.info("model %s loaded in %.1f s", entry.name, entry.load_seconds)
+        self.on_loaded(entry.name, entry.load_seconds)
         if not entry.waiters:  # loaded without a request (start-up, or one that gave up): its keep-alive runs now
             self._schedule_idle(entry)
         self._notify()
