@@ -299,3 +299,30 @@ def test_disconnect_while_queued_is_dropped(serial_server: RunningServer) -> Non
     # Leaving the running stream cancels it as well: nothing is ahead of the next request.
     done = json.loads(simple_stream(serial_server, {"prompt": "Say hi.", "max_tokens": 4})[1][-1][1])
     assert done["timings"]["queue_ms"] < 5000, done
+
+
+def test_a_long_prompt_shows_its_prefill_moving_in_comment_lines(server: RunningServer, model_id: str) -> None:
+    # ~2,300 tokens never seen before: several prefill chunks of at most --batch-size (512) tokens.
+    text = " ".join(f"Entry {i}: the value of register {i * 37 % 101} is {i * 59 % 997}." for i in range(160))
+    body = {"model": model_id, "messages": [{"role": "user", "content": text + "\nWhich entry mentions 420?"}],
+            "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}}
+    notes: list[tuple[int, int]] = []
+    first_data_after_notes = None
+    usage = None
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=300) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith(": prefill "):
+                done, total = line.removeprefix(": prefill ").split(" tokens")[0].split("/")
+                notes.append((int(done), int(total)))
+            elif line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                if first_data_after_notes is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                    first_data_after_notes = len(notes)
+                usage = chunk.get("usage") or usage
+    assert usage is not None and usage["prompt_tokens"] > 2000
+    assert len(notes) >= 3, notes
+    assert {total for _, total in notes} == {usage["prompt_tokens"]}
+    done = [d for d, _ in notes]
+    assert done == sorted(done) and len(set(done)) == len(done) and done[-1] < usage["prompt_tokens"]
+    assert first_data_after_notes == len(notes)  # every note came before the answer's first text

@@ -3,9 +3,11 @@ response that notices a client leaving without polling."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -30,6 +32,11 @@ def encode_event(data: str, event: str | None = None) -> bytes:
     else:  # one line (every JSON event): the common case, once per streamed token
         body = "data: " + data
     return (f"event: {event}\n{body}\n\n" if event else body + "\n\n").encode("utf-8")
+
+
+def encode_comment(text: str) -> bytes:
+    """An SSE comment line (one line: line breaks in `text` become spaces)."""
+    return b": " + " ".join(text.splitlines()).encode("utf-8") + b"\n\n"
 
 
 def encode_json_event(payload: dict[str, Any], event: str | None = None) -> bytes:
@@ -86,10 +93,21 @@ class EventStreamResponse(StreamingResponse):
         )
         self.on_disconnect = on_disconnect
         self.keepalive_interval = keepalive_interval
+        self._notes: deque[str] = deque()
+        self._notes_waiting: asyncio.Event | None = None
+
+    def note(self, text: str) -> None:
+        """Sends `: text` (an SSE comment: clients ignore it, people and proxies see the stream move) in turn with
+        the body; dropped before the response starts and after it ends. Event loop only (a plain callback: no task
+        of its own, so the response's notes task writes it)."""
+        if self._notes_waiting is not None:
+            self._notes.append(text)
+            self._notes_waiting.set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         writer = _Writer(send)
         async with anyio.create_task_group() as group:
+            self._notes_waiting = asyncio.Event()
 
             def client_gone() -> None:
                 if self.on_disconnect is not None:
@@ -117,10 +135,19 @@ class EventStreamResponse(StreamingResponse):
                         break
                 group.cancel_scope.cancel()
 
+            async def notes(waiting: asyncio.Event) -> None:
+                while True:
+                    await waiting.wait()
+                    waiting.clear()
+                    while self._notes:
+                        await writer.comment(self._notes.popleft())
+
             group.start_soon(stream)
             group.start_soon(listen)
+            group.start_soon(notes, self._notes_waiting)
             if self.keepalive_interval > 0:
                 group.start_soon(keep_alive)
+        self._notes_waiting = None
 
     async def _stream(self, writer: _Writer) -> None:
         await writer.start(self.status_code, self.raw_headers)
@@ -161,6 +188,16 @@ class _Writer:
         async with self._lock:
             self._ended = True
             await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def comment(self, text: str) -> None:
+        async with self._lock:
+            if not self._started.is_set() or self._ended:
+                return
+            try:
+                await self._send({"type": "http.response.body", "body": encode_comment(text), "more_body": True})
+            except OSError:
+                return  # the client is gone: the listener ends the response
+            self._last_sent = anyio.current_time()
 
     async def keep_alive(self, interval: float) -> None:
         """Sends a comment whenever nothing has been sent for `interval` seconds, until the end."""

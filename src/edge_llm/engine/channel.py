@@ -7,10 +7,12 @@ choice; events come out tagged with the choice's index.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
-from edge_llm.engine.types import Embedded, EngineEvent, Failed, Finished
+from edge_llm.engine.types import Embedded, EngineEvent, Failed, Finished, PrefillProgress
+
+Outgoing = EngineEvent | PrefillProgress
 
 
 class ChoiceSender:
@@ -33,14 +35,20 @@ class ReplyChannel:
         self.choices = choices
         # Added to each Finished's timings on the way out: what the engine does not see (the model's load).
         self.extra_timings: dict[str, float] = {}
+        # Who shows a long prefill moving (a stream's comment lines); progress is dropped when nobody does.
+        self.on_progress: Callable[[int, PrefillProgress], None] | None = None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         """The event loop that reads this channel: events are handed to it (see `Outbox`)."""
         return self._loop
 
-    def put(self, index: int, event: EngineEvent) -> None:
+    def put(self, index: int, event: Outgoing) -> None:
         """Queues choice `index`'s event. Event loop only (the `Outbox` calls it there)."""
+        if isinstance(event, PrefillProgress):
+            if self.on_progress is not None:
+                self.on_progress(index, event)
+            return
         self._queue.put_nowait((index, event))
 
     def sender(self, index: int) -> ChoiceSender:
@@ -81,16 +89,16 @@ class Outbox:
     """
 
     def __init__(self) -> None:
-        self._pending: list[tuple[Sender, EngineEvent]] = []
+        self._pending: list[tuple[Sender, Outgoing]] = []
 
-    def add(self, sender: Sender, event: EngineEvent) -> None:
+    def add(self, sender: Sender, event: Outgoing) -> None:
         self._pending.append((sender, event))
 
     def flush(self) -> None:
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[ReplyChannel, int, EngineEvent]]] = {}
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[ReplyChannel, int, Outgoing]]] = {}
         for sender, event in pending:
             channel, index = sender.route()
             by_loop.setdefault(channel.loop, []).append((channel, index, event))
@@ -101,6 +109,6 @@ class Outbox:
                 pass  # the event loop is closed: nobody is listening any more
 
 
-def _deliver(items: list[tuple[ReplyChannel, int, EngineEvent]]) -> None:
+def _deliver(items: list[tuple[ReplyChannel, int, Outgoing]]) -> None:
     for channel, index, event in items:
         channel.put(index, event)

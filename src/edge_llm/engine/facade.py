@@ -2,7 +2,8 @@
 
 The API layer talks to the engine only through this class (and the plain data in `engine.types`):
 
-- generation: `submit` a request's choices on one reply channel, `abort` one;
+- generation: `submit` a request's choices on one reply channel, `abort` one (a long prefill's progress goes to the
+  channel's `on_progress`);
 - embeddings: `submit_embedding` (its answer is one `Embedded` on the channel), `abort`;
 - vocabulary: `tokenize`, `detokenize`, `is_valid_token`, `n_vocab`;
 - model facts: `model_info`;

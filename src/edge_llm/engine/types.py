@@ -199,6 +199,16 @@ class Embedded:
 EngineEvent = TextDelta | Finished | Failed | Embedded
 
 
+@dataclass(frozen=True)
+class PrefillProgress:
+    """A prompt's prefill moved by a chunk and is not over (never the only event: a stream may show it, llama-server's
+    `return_progress` style; the reply channel hands it to its `on_progress`, not to the answer's events)."""
+
+    processed: int  # positions of the prompt in the KV cache, cached ones included
+    total: int
+    cached: int  # of them, taken from the prefix cache
+
+
 class EngineError(Exception):
     """Base of the errors the engine raises to its callers."""
 

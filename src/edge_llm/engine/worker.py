@@ -23,6 +23,7 @@ from edge_llm.engine.embeddings import EmbeddingQueue
 from edge_llm.engine.hooks import EngineObserver
 from edge_llm.engine.prefix_disk import DiskPrefixCache
 from edge_llm.engine.runner_protocol import Runner
+from edge_llm.engine.sequence import Phase
 from edge_llm.engine.scheduler import RequestTooLargeError, Scheduler, StepPlan
 from edge_llm.engine.text import OutputText
 from edge_llm.engine.types import (
@@ -34,6 +35,7 @@ from edge_llm.engine.types import (
     FinishReason,
     GenerationRequest,
     OutOfCellsError,
+    PrefillProgress,
     QueueFullError,
     SamplingExhausted,
     StepAbortedError,
@@ -275,12 +277,23 @@ class Engine:
                     active = self._active.get(sequence.request_id)
                     if active is not None:
                         self._sample(active, [batch_index, *drafts.get(id(sequence), ())])
+                if plan.prefilled_tokens:
+                    self._report_prefill(plan)
             if self._embeddings.pending:  # one small chunk between decode steps, after this step's tokens are sent
                 self._outbox.flush()
                 answered = self._embeddings.step(self.runner.hidden_states, self._outbox)
                 if answered is not None:
                     with self._lock:
                         self._waiting_ids.discard(answered)
+
+    def _report_prefill(self, plan: StepPlan) -> None:
+        """Each prompt whose prefill this step moved but did not end: its progress, for streams that show it."""
+        in_step = set(plan.seq_ids)
+        for sequence in self._scheduler.running:
+            active = self._active.get(sequence.request_id)
+            if active is not None and sequence.phase is Phase.PREFILL and sequence.seq_id in in_step:
+                self._outbox.add(active.channel,
+                                 PrefillProgress(sequence.n_past, len(sequence.feed), sequence.cached_tokens))
 
     def _sample(self, active: ActiveRequest, rows: list[int]) -> None:
         """Samples the sequence's next token from `rows[0]`; with a draft in the batch (`rows[1:]`, speculative

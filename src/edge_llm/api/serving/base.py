@@ -34,6 +34,7 @@ from edge_llm.engine.types import (
     FimTokens,
     Finished,
     GenerationRequest,
+    PrefillProgress,
     SamplingParams,
     TextDelta,
     TokenLogprob,
@@ -302,12 +303,14 @@ class Serving:
             finally:
                 self.abort(generation)
 
-        return EventStreamResponse(
+        response = EventStreamResponse(
             guarded(),
             headers=headers or self.headers(generation),
             on_disconnect=lambda: self.abort(generation),
             keepalive_interval=self.settings.sse_keepalive,
         )
+        generation.channel.on_progress = lambda index, progress: response.note(prefill_note(index, progress))
+        return response
 
     async def collect(self, request: Request, generation: Generation) -> list[ChoiceResult]:
         """Every choice's whole answer; the generation is aborted when the client leaves first."""
@@ -374,6 +377,12 @@ class Serving:
             return DONE
         usage = usage_info(total_usage(generation, finished)).model_dump()
         return encode_json_event({**header, "model": self.model_id, "choices": [], "usage": usage}) + DONE
+
+
+def prefill_note(index: int, progress: PrefillProgress) -> str:
+    """The comment line a stream shows while a long prompt is prefilled (README, Streaming)."""
+    choice = f" (choice {index})" if index else ""
+    return f"prefill {progress.processed}/{progress.total} tokens, {progress.cached} cached{choice}"
 
 
 def usage_info(usage: Usage) -> UsageInfo:
