@@ -287,11 +287,13 @@ class Engine:
                         self._waiting_ids.discard(answered)
 
     def _report_prefill(self, plan: StepPlan) -> None:
-        """Each prompt whose prefill this step moved but did not end: its progress, for streams that show it."""
+        """Each prompt longer than a step whose prefill this step moved but did not end: its progress, for streams
+        that show it."""
         in_step = set(plan.seq_ids)
         for sequence in self._scheduler.running:
             active = self._active.get(sequence.request_id)
-            if active is not None and sequence.phase is Phase.PREFILL and sequence.seq_id in in_step:
+            if (active is not None and sequence.phase is Phase.PREFILL and sequence.seq_id in in_step
+                    and len(sequence.feed) > self._scheduler.batch_size):
                 self._outbox.add(active.channel,
                                  PrefillProgress(sequence.n_past, len(sequence.feed), sequence.cached_tokens))
 
