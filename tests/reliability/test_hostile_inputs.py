@@ -387,6 +387,22 @@ def test_grammar_limits_keep_ordinary_schemas(server: RunningServer) -> None:
     assert response.status_code == 200, response.text
 
 
+HIDDEN_NESTING = {  # 60,000 nested groups behind something llama.cpp's parser skips whole: SIGSEGV before (issue 41)
+    "a quote in a comment": '# "\nroot ::= ',
+    "a quote in a token": 'x ::= <">\nroot ::= ',
+}
+
+
+@pytest.mark.parametrize("hiding", list(HIDDEN_NESTING.values()), ids=list(HIDDEN_NESTING))
+def test_nesting_hidden_behind_a_comment_or_token_is_refused(server: RunningServer, hiding: str) -> None:
+    grammar = hiding + "(" * 60_000 + "[a]" + ")" * 60_000
+    response = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1, "grammar": grammar},
+                          timeout=60)
+    error = assert_error(response, 400)
+    assert "nested too deeply" in error["message"], error
+    assert_serving(server)
+
+
 # ---- control-token imitation ------------------------------------------------------------------------------------------
 
 IMITATIONS = [

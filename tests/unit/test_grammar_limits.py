@@ -58,3 +58,20 @@ def test_grammar_limits() -> None:
     with pytest.raises(GrammarError, match="nested too deeply"):
         check_grammar_limits("root ::= " + "(" * (MAX_GRAMMAR_NESTING + 1) + '"a"' + ")" * (MAX_GRAMMAR_NESTING + 1))
     check_grammar_limits('root ::= "((((|||" [(|]')  # inside literals and classes nothing counts
+
+
+NESTED = "root ::= " + "(" * 60_000 + "[a]" + ")" * 60_000
+
+
+@pytest.mark.parametrize("hiding", ['# "\n', '# [\n', "# <\n", 'x ::= <">\n', "x ::= [\\]\"]\n", '#"\r'],
+                         ids=["quote in a comment", "bracket in a comment", "angle in a comment", "quote in a token",
+                              "escaped bracket in a class", "comment ended by CR"])
+def test_nesting_cannot_hide_behind_comments_tokens_or_escapes(hiding: str) -> None:
+    # The hostile probe's grammar: llama.cpp skips a comment (a token, a class) whole, so a quote there opens no
+    # literal and the 60,000 groups after it reach its recursive parser (a stack overflow, SIGSEGV).
+    with pytest.raises(GrammarError, match="nested too deeply"):
+        check_grammar_limits(hiding + NESTED)
+
+
+def test_what_comments_and_tokens_hold_does_not_count() -> None:
+    check_grammar_limits("root ::= <|im_end|> x # (((((|||| \"\nx ::= \"a\" # " + "(" * 5000 + "\n")

@@ -309,6 +309,14 @@ def test_bad_keep_alive_values(value: Any) -> None:
         parse_keep_alive(value)
 
 
+@pytest.mark.parametrize("value", ["1" * (1 << 20) + "x", "1s" * (1 << 19) + "x", "-" + "9" * 60 + "mx"])
+def test_keep_alive_of_a_megabyte_is_refused_in_linear_time(value: str) -> None:
+    # The hostile probe's 25,000 digits then `x` held the event loop 14-25 s with a rescanning regex: every JSON
+    # route reads keep_alive. A megabyte of it now ends in one pass (this test would not end otherwise).
+    with pytest.raises(ValueError, match="not a duration"):
+        parse_keep_alive(value)
+
+
 def test_memory_sizes() -> None:
     assert parse_bytes("3GiB") == 3 * 1024**3
     assert parse_bytes("1500MB") == 1_500_000_000

@@ -30,18 +30,28 @@ def check_grammar_limits(grammar: str) -> None:
     if len(grammar) > MAX_GRAMMAR_CHARS:
         raise GrammarError(f"the grammar is too large ({len(grammar)} characters; at most {MAX_GRAMMAR_CHARS})")
     alternatives = depth = deepest = 0
-    closing = ""  # the end of the literal ('"') or character class (']') being read, if any
+    # What is being skipped, read as llama.cpp's parser reads it (llama-grammar.cpp): a literal up to '"' or a
+    # character class up to ']' (both with backslash escapes), a token `<...>` up to '>' (no escapes), a comment
+    # from '#' to the end of its line. Whatever they hold (brackets, quotes) is not grammar structure; outside them
+    # everything is, so a quote in a comment cannot hide nesting from this count.
+    closing = ""
     escaped = False
     for char in grammar:  # one linear pass (no regular expression that could backtrack)
         if escaped:
             escaped = False
         elif closing:
-            if char == "\\":
+            if char == "\\" and closing in '"]':
                 escaped = True
-            elif char == closing:
+            elif char == closing or (closing == "\n" and char == "\r"):
                 closing = ""
-        elif char == '"' or char == "[":
-            closing = '"' if char == '"' else "]"
+        elif char == '"':
+            closing = '"'
+        elif char == "[":
+            closing = "]"
+        elif char == "<":
+            closing = ">"
+        elif char == "#":
+            closing = "\n"
         elif char in "|?*":
             alternatives += 1
         elif char == "(":

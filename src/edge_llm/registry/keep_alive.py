@@ -15,6 +15,7 @@ _BYTE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2
                "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tb": 1000**4, "tib": 1024**4}
 _SIZE = re.compile(r"\s*(\d+(?:\.\d*)?)\s*([a-z]*)\s*")
 NEVER = None  # keep_alive: never unload
+_MAX_DURATION_CHARS = 64  # "2562047h47m16.854775807s", Go's longest, has 24
 
 
 def parse_keep_alive(value: Any) -> float | None:
@@ -33,6 +34,9 @@ def parse_keep_alive(value: Any) -> float | None:
 
 
 def _duration_seconds(text: str) -> float:
+    if len(text) > _MAX_DURATION_CHARS:
+        raise ValueError(f"keep_alive is not a duration ({len(text)} characters): use e.g. \"5m\", \"90s\", "
+                         "\"1h30m\", 0 or -1")
     sign = -1.0 if text.startswith("-") else 1.0
     body = text.lstrip("+-")
     try:
@@ -40,8 +44,9 @@ def _duration_seconds(text: str) -> float:
     except ValueError:
         pass
     position, total = 0, 0.0
-    for match in _DURATION.finditer(body):
-        if match.start() != position:
+    while position < len(body):  # each part matched where the last ended: one attempt each, no rescans
+        match = _DURATION.match(body, position)
+        if match is None:
             break
         total += float(match.group(1)) * _UNITS[match.group(2)]
         position = match.end()
