@@ -98,6 +98,9 @@ def test_unknown_keys_at_every_depth_are_collected_with_their_paths_and_dropped(
     assert take_unknown(request) == ["frobnicate", "messages.0.content.0.cache_control", "messages.1.annotations",
                                      "messages.1.audio", "tools.0.cache_control"]
     assert take_unknown(request) == []  # dropped: nothing downstream sees them
+    # Keys that look like numbers to str.isdigit but are not integers ("²", "①") sort as text (a 500 before)
+    odd = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x"}], "²": 1, "①": 2, "10": 3})
+    assert sorted(take_unknown(odd)) == sorted(["10", "①", "²"])
     assert "annotations" not in request.messages[1].model_dump()
     assert request.tools[0].function.parameters["x-any"] == 1  # a schema is data, not a request key
 

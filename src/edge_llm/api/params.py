@@ -71,7 +71,7 @@ def _holds_models(value: Any) -> bool:
 
 
 def _natural(path: str) -> list[tuple[int, int | str]]:
-    return [(0, int(part)) if part.isdigit() else (1, part) for part in path.split(".")]
+    return [(0, int(part)) if part.isascii() and part.isdigit() else (1, part) for part in path.split(".")]
 
 
 def report_ignored(paths: list[str]) -> None:
