@@ -31,6 +31,7 @@ from tests.reliability.support import (
     read_response_head,
     scrape,
     status_of,
+    wait_for,
     wait_idle,
 )
 
@@ -89,6 +90,21 @@ def test_a_chunked_body_without_end_is_cut_at_the_limit(server: RunningServer) -
             pass
         head = read_response_head(sock)
     assert status_of(head) == 413, head[:300]
+
+
+def test_a_client_gone_mid_body_is_a_499_not_a_500(server: RunningServer) -> None:
+    def left_mid_body() -> float:
+        return metric(scrape(server), "edge_llm_http_requests_total", route=CHAT, method="POST", status="499")
+
+    before = left_mid_body()
+    with socket.create_connection(("127.0.0.1", port_of(server)), timeout=60) as sock:
+        sock.sendall(raw_head("POST", CHAT, [("Host", "127.0.0.1"), ("Content-Type", "application/json"),
+                                              ("Content-Length", "1000")]))
+        sock.sendall(b'{"messages": [')  # and leaves
+    wait_for(lambda: left_mid_body() == before + 1, what="the request counted as the client's 499")
+    assert "the client left before its whole request body came" in server.log()
+    assert_no_unhandled_errors(server)
+    assert_serving(server)
 
 
 @pytest.mark.parametrize("depth", [1_000, 100_000])

@@ -9,9 +9,10 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from edge_llm.api.protocol import ErrorDetail, ErrorResponse
 from edge_llm.api.protocol_anthropic import AnthropicErrorDetail, AnthropicErrorResponse
@@ -153,6 +154,9 @@ def from_engine_error(exc: Exception) -> APIError:
     raise exc
 
 
+CLIENT_CLOSED_REQUEST = 499
+
+
 def register_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -168,6 +172,13 @@ def register_error_handlers(app: FastAPI) -> None:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         return APIError(exc.status_code, message, code=code,
                         headers=getattr(exc, "headers", None)).response(request.url.path)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_left(request: Request, exc: ClientDisconnect) -> Response:
+        # nginx's 499: the client closed the connection before its whole body came; nobody reads the answer, the
+        # access log and the metrics count it as the client's doing (it was a 500 with two tracebacks).
+        logger.info("the client left before its whole request body came")
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
