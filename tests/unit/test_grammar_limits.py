@@ -75,3 +75,12 @@ def test_nesting_cannot_hide_behind_comments_tokens_or_escapes(hiding: str) -> N
 
 def test_what_comments_and_tokens_hold_does_not_count() -> None:
     check_grammar_limits("root ::= <|im_end|> x # (((((|||| \"\nx ::= \"a\" # " + "(" * 5000 + "\n")
+
+
+@pytest.mark.parametrize("pattern", ["^a{1," + " " * (1 << 20), "{" + " " * (1 << 20), "a{1, " * (1 << 17)])
+def test_repetition_counts_in_a_megabyte_pattern_are_read_in_one_pass(pattern: str) -> None:
+    # `^a{1,` and 30,000 spaces held the tokenizer thread 6-11 s (a quadratic regex); a megabyte ends at once now
+    # (this test would not end otherwise), and a real count past the bound is still found.
+    check_schema_limits({"type": "string", "pattern": pattern})
+    with pytest.raises(GrammarError, match="repeats"):
+        check_schema_limits({"type": "string", "pattern": pattern + "b{ 99999 , }"})

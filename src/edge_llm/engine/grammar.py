@@ -73,7 +73,9 @@ def check_grammar_limits(grammar: str) -> None:
 MAX_SCHEMA_REPETITION = 10_000
 _COUNT_KEYWORDS = frozenset({"minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties",
                              "minContains", "maxContains"})
-_PATTERN_COUNT = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+# Possessive quantifiers: nothing is given back, so `{1,` and 30,000 spaces is one linear try (the two `\s*` around
+# an empty count were split every way: seconds of the tokenizer thread, issue 41).
+_PATTERN_COUNT = re.compile(r"\{\s*+(\d++)\s*+(?:,\s*+(\d*+)\s*+)?\}")
 
 
 def check_schema_limits(schema: Any) -> None:
