@@ -531,6 +531,28 @@ def test_sigterm_lets_running_streams_finish_and_refuses_new_work(tmp_path: Path
         assert "drained; exiting" in server.log()
 
 
+# 40 doublings of a nullable rule: llama.cpp's grammar compile never returns (issue 41; when the grammar limits
+# refuse it before the compile, this test needs another request that holds a thread beyond its reach).
+DOUBLING = "\n".join(["root ::= a40", 'a0 ::= "x" | ""'] + [f'a{k} ::= a{k - 1} a{k - 1} | ""' for k in range(1, 41)])
+
+
+def test_sigterm_ends_the_process_even_when_a_thread_is_stuck(tmp_path: Path) -> None:
+    with run_server(tmp_path, "--ctx-size", "1024", "--parallel", "1", "--cache-slots", "0",
+                    "--drain-timeout", "1") as server:
+        def send() -> None:
+            try:
+                httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1, "grammar": DOUBLING},
+                           timeout=120)
+            except httpx.HTTPError:
+                pass  # the process ends under it
+
+        threading.Thread(target=send, daemon=True).start()
+        wait_for(lambda: metric(scrape(server), "edge_llm_http_requests_in_flight") == 1, what="the stuck request")
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(120) == 1  # drain 1 s, cancel grace 5 s, then 10 s: a hard exit
+    assert "a thread is stuck in work that cannot be stopped; exiting now" in server.log()
+
+
 def test_sigint_after_the_drain_timeout_cancels_with_an_error_event(tmp_path: Path) -> None:
     with run_server(tmp_path, "--drain-timeout", "1") as server:
         stream = Stream(server, {"prompt": LONG_TASK, "temperature": 0, "max_tokens": 3000})

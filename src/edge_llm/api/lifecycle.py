@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import signal
+import threading
 from collections.abc import Callable
 
 from edge_llm.registry.registry import ModelRegistry
@@ -20,6 +21,17 @@ logger = logging.getLogger(__name__)
 
 _POLL = 0.05
 _AFTER_CANCEL_GRACE = 5.0  # for cancelled streams to write their error event
+# After the drain and the grace above: a thread stuck in work that cannot be stopped (a grammar compile inside
+# llama.cpp) would hold the process forever, and SIGTERM must end it (issue 41).
+_HARD_EXIT_AFTER = 10.0
+_HARD_EXIT_CODE = 1
+
+
+def _exit_now() -> None:
+    logger.error("still running %.0f s after the drain: a thread is stuck in work that cannot be stopped; exiting now",
+                 _HARD_EXIT_AFTER)
+    logging.shutdown()
+    os._exit(_HARD_EXIT_CODE)
 
 
 def _terminate_process() -> None:
@@ -57,6 +69,9 @@ class Lifecycle:
         self._cut_short = asyncio.Event()
         timeout = self.drain_timeout if grace is None else min(grace, self.drain_timeout)
         self._task = asyncio.get_running_loop().create_task(self._drain(reason, timeout))
+        hard_exit = threading.Timer(timeout + _AFTER_CANCEL_GRACE + _HARD_EXIT_AFTER, _exit_now)
+        hard_exit.daemon = True  # a process that ends in time ends it too
+        hard_exit.start()
 
     async def _drain(self, reason: str, timeout: float) -> None:
         loop = asyncio.get_running_loop()
