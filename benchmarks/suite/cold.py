@@ -285,6 +285,8 @@ def cold_markdown(results: dict[str, Any]) -> str:
              f"{meta['cpus']} CPUs, load average {meta['loadavg_before']:.2f} before and "
              f"{meta.get('loadavg_after', 0):.2f} after; {results['rounds']} rounds, medians; "
              f"{meta['peer'] or meta['peer_note']}.", ""]
+    if meta.get("note"):
+        lines += [f"Note: {meta['note']}.", ""]
     lines += _table(f"ctx {SHORT_CTX}, 8 slots (idle window {results['idle_s']:.0f} s)", results["short"],
                     ("ready_s", "VmRSS", "RssAnon", "idle_ticks", "cold_prompt_tokens", "cold_prefill_tok_s",
                      "ttft_8_clients_median_s"))
