@@ -109,6 +109,11 @@ class Settings(BaseSettings):
     threads_batch: int | None = Field(
         None, ge=1, description="CPU threads for prompt processing (None: the same as --threads)."
     )
+    grammar_step_budget_ms: int = Field(
+        1000, ge=10, description="Most milliseconds one step may spend checking one sequence's grammar against the "
+        "vocabulary; a request whose grammar takes longer ends with an error (grammar_too_costly) instead of "
+        "stalling the other sequences."
+    )
     ctx_size: int = Field(
         8192, ge=256, description="Total KV-cache size in tokens, shared by all running sequences and the prefix cache."
     )

@@ -531,17 +531,30 @@ def test_sigterm_lets_running_streams_finish_and_refuses_new_work(tmp_path: Path
         assert "drained; exiting" in server.log()
 
 
-# 40 doublings of a nullable rule: llama.cpp's grammar compile never returns (issue 41; when the grammar limits
-# refuse it before the compile, this test needs another request that holds a thread beyond its reach).
-DOUBLING = "\n".join(["root ::= a40", 'a0 ::= "x" | ""'] + [f'a{k} ::= a{k - 1} a{k - 1} | ""' for k in range(1, 41)])
+# Doublings of nullable rules before a rare character: within the grammar bounds (1 537 parse stacks), but one pass
+# of it over the vocabulary takes ~25 s here. With the step budget raised out of the way, and the tokens of "§" runs
+# pushed out of the model's likeliest ones (so that the whole vocabulary is checked), it holds the engine thread in
+# llama.cpp calls that nothing can stop.
+SLOW_GRAMMAR = "\n".join(['root ::= a10 b9 "§"', 'a0 ::= "§" | ""', 'b0 ::= "§" | ""']
+                         + [f'{r}{k} ::= {r}{k - 1} {r}{k - 1} | ""' for r in "ab" for k in range(1, 11)])
+
+
+def rare_tokens_pushed_down(server: RunningServer) -> dict[str, float]:
+    tokens: set[int] = set()
+    for length in range(1, 9):
+        tokens.update(httpx.post(server.url + "/tokenize", json={"content": "§" * length}, timeout=60).json()["tokens"])
+    return {str(token): -40.0 for token in tokens}
 
 
 def test_sigterm_ends_the_process_even_when_a_thread_is_stuck(tmp_path: Path) -> None:
     with run_server(tmp_path, "--ctx-size", "1024", "--parallel", "1", "--cache-slots", "0",
-                    "--drain-timeout", "1") as server:
+                    "--drain-timeout", "1", "--grammar-step-budget-ms", "3600000") as server:
+        bias = rare_tokens_pushed_down(server)
+
         def send() -> None:
             try:
-                httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1, "grammar": DOUBLING},
+                httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 4, "grammar": SLOW_GRAMMAR,
+                                                                 "temperature": 0, "logit_bias": bias},
                            timeout=120)
             except httpx.HTTPError:
                 pass  # the process ends under it

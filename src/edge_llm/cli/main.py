@@ -307,6 +307,7 @@ def _runner_factory(settings: Settings, path: Path, log_name: str | None):  # ty
                 flash_attn=settings.flash_attn,
                 logit_rows=settings.logit_rows,
                 deterministic=settings.deterministic,
+                grammar_step_budget=settings.grammar_step_budget_ms / 1000,
             ),
         )
 

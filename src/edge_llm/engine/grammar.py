@@ -12,59 +12,24 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from edge_llm.engine.gbnf.bounds import GrammarCost, measure
+from edge_llm.engine.gbnf.errors import GrammarError
+from edge_llm.engine.gbnf.syntax import parse_gbnf
 
-class GrammarError(ValueError):
-    """A grammar (or the JSON schema it came from) that llama.cpp cannot, or must not, use."""
+__all__ = ["CompiledGrammars", "GrammarError", "check_grammar_limits", "check_schema_limits"]
 
 
-# Grammars come from request bodies. llama.cpp's grammar parser recurses once per nesting level, so a
-# deep one (a JSON schema with `"maxLength": 1000000`) overflows the C stack and kills the process; and
-# sampling costs about (alternatives open at a point × vocabulary) per token on the engine thread, so a
-# huge `enum` stalls every sequence. Both are bounded before llama.cpp sees a grammar.
+# Grammars come from request bodies. llama.cpp's grammar parser recurses once per nesting level (a deep one
+# overflows the C stack and kills the process) and sampling costs about (parse stacks × vocabulary) per token on
+# the engine thread: every grammar is read and measured here (engine/gbnf) before llama.cpp sees it.
 MAX_GRAMMAR_CHARS = 256 * 1024
-MAX_GRAMMAR_NESTING = 1024
-MAX_GRAMMAR_ALTERNATIVES = 2048  # `|`, `?` and `*` outside literals: a bound on the grammar stacks
 
 
-def check_grammar_limits(grammar: str) -> None:
+def check_grammar_limits(grammar: str) -> GrammarCost:
+    """Refuses (GrammarError) a grammar llama.cpp would fail on, crash on, or that would stall the engine."""
     if len(grammar) > MAX_GRAMMAR_CHARS:
         raise GrammarError(f"the grammar is too large ({len(grammar)} characters; at most {MAX_GRAMMAR_CHARS})")
-    alternatives = depth = deepest = 0
-    # What is being skipped, read as llama.cpp's parser reads it (llama-grammar.cpp): a literal up to '"' or a
-    # character class up to ']' (both with backslash escapes), a token `<...>` up to '>' (no escapes), a comment
-    # from '#' to the end of its line. Whatever they hold (brackets, quotes) is not grammar structure; outside them
-    # everything is, so a quote in a comment cannot hide nesting from this count.
-    closing = ""
-    escaped = False
-    for char in grammar:  # one linear pass (no regular expression that could backtrack)
-        if escaped:
-            escaped = False
-        elif closing:
-            if char == "\\" and closing in '"]':
-                escaped = True
-            elif char == closing or (closing == "\n" and char == "\r"):
-                closing = ""
-        elif char == '"':
-            closing = '"'
-        elif char == "[":
-            closing = "]"
-        elif char == "<":
-            closing = ">"
-        elif char == "#":
-            closing = "\n"
-        elif char in "|?*":
-            alternatives += 1
-        elif char == "(":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif char == ")":
-            depth -= 1
-    if alternatives > MAX_GRAMMAR_ALTERNATIVES:
-        raise GrammarError(f"the grammar is too complex ({alternatives} alternatives; at most "
-                           f"{MAX_GRAMMAR_ALTERNATIVES}): use a smaller enum or fewer optional parts")
-    if deepest > MAX_GRAMMAR_NESTING:
-        raise GrammarError(f"the grammar is nested too deeply ({deepest} levels; at most {MAX_GRAMMAR_NESTING}): "
-                           "lower maxLength / maxItems")
+    return measure(parse_gbnf(grammar))
 
 
 # llama-cpp-python's schema converter writes a repetition out in full (`"minLength": 10**9` builds a

@@ -233,6 +233,11 @@ class EmbeddingUnavailableError(EngineError):
     """This model cannot compute embeddings here (an encoder-decoder model, or no memory for the context)."""
 
 
+class GrammarTooCostly(EngineError):
+    """Checking the vocabulary against a sequence's grammar took longer than the step budget
+    (--grammar-step-budget-ms): the request ends, the other sequences go on."""
+
+
 class SamplingExhausted(EngineError):
     """No token may follow under the request's grammar and logit_bias.
 

@@ -34,6 +34,7 @@ from edge_llm.engine.types import (
     Finished,
     FinishReason,
     GenerationRequest,
+    GrammarTooCostly,
     OutOfCellsError,
     PrefillProgress,
     QueueFullError,
@@ -321,7 +322,9 @@ class Engine:
             if self._active.get(active.request.request_id) is not active:
                 return  # it ended (an end token, a stop string, max_tokens)
         error = verified.error
-        if isinstance(error, SamplingExhausted):
+        if isinstance(error, GrammarTooCostly):
+            self._fail(active, str(error), "grammar_too_costly")
+        elif isinstance(error, SamplingExhausted):
             if error.complete:
                 self._finish(active, FinishReason.STOP)
             else:

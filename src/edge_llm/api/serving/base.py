@@ -417,7 +417,7 @@ def merged_timings(finished: list[Finished | None]) -> dict[str, float]:
 def failure_error(failed: Failed) -> APIError:
     if failed.code == "context_length_exceeded":
         return invalid_request(failed.message, param="messages", code=failed.code)
-    if failed.code == "invalid_request":
+    if failed.code in ("invalid_request", "grammar_too_costly"):  # the request's own grammar or logit_bias
         return invalid_request(failed.message, code=failed.code)
     return APIError(503, failed.message, code=failed.code)
 

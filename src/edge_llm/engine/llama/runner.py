@@ -55,6 +55,7 @@ class ContextConfig:
     # --deterministic: one KV stream per sequence, no repacked weights, ggml's tiled matmul off (README, Deterministic
     # mode); the settings make the KV cache quantized and flash attention on
     deterministic: bool = False
+    grammar_step_budget: float = 1.0  # seconds one sequence's grammar may take in one step (config.py)
 
 
 _FLASH_ATTN = {"auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
@@ -120,7 +121,8 @@ class LlamaRunner:
         self._end_tokens = tuple(t for t in range(self._n_vocab) if self.is_end_of_generation(t))  # ~0.2 s
         self._grammars = CompiledGrammars(self._compile_grammar, llama_cpp.llama_sampler_clone,
                                           llama_cpp.llama_sampler_free)
-        self._sampling = TokenSampling(self._ctx, self._n_vocab, self._end_tokens, self._grammars, self.piece)
+        self._sampling = TokenSampling(self._ctx, self._n_vocab, self._end_tokens, self._grammars, self.piece,
+                                       grammar_step_budget=config.grammar_step_budget)
         self.info = self._read_info()
         self._embedding: EmbeddingContext | None = None
         self._batch_row: list[int] | None = None  # plan row → batch row, when decode reorders them

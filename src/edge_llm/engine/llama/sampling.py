@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import random
+import time
 from collections.abc import Callable
 
 import llama_cpp
@@ -12,7 +13,7 @@ import numpy as np
 
 from edge_llm.engine.grammar import CompiledGrammars, GrammarError
 from edge_llm.engine.greedy import GreedyPicker
-from edge_llm.engine.types import SamplingExhausted, SamplingParams, TokenLogprob
+from edge_llm.engine.types import GrammarTooCostly, SamplingExhausted, SamplingParams, TokenLogprob
 
 
 class Sampler:
@@ -45,6 +46,11 @@ GRAMMAR_SHORTLIST = 64
 
 # llama_token_data: {int32 id; float logit; float p}
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+
+# A grammar's pass over the whole vocabulary costs (parse stacks × tokens): it runs in slices of this many tokens,
+# with the step budget checked between them, so that a costly grammar ends its own request instead of holding
+# every other sequence's step (the grammar masks each token on its own: slices give the same result).
+GRAMMAR_SLICE = 4096
 
 
 class _Candidates:
@@ -80,8 +86,10 @@ class TokenSampling:
     """Creates the samplers of one context's sequences and draws their tokens (engine thread only)."""
 
     def __init__(self, ctx: llama_cpp.llama_context_p, n_vocab: int, end_tokens: tuple[int, ...],
-                 grammars: CompiledGrammars, piece: Callable[[int], bytes]) -> None:
+                 grammars: CompiledGrammars, piece: Callable[[int], bytes], *,
+                 grammar_step_budget: float = 1.0) -> None:
         self._ctx = ctx
+        self._grammar_step_budget = grammar_step_budget
         self._n_vocab = n_vocab
         self._end_tokens = end_tokens
         self._grammars = grammars
@@ -146,9 +154,10 @@ class TokenSampling:
                 return sampler.picker.pick(self._logits(batch_index))
             return int(llama_cpp.llama_sampler_sample(sampler.chain, self._ctx, batch_index))
         logits = self._logits(batch_index)
+        started = time.perf_counter()
         token = self._pick(sampler, logits, constrained=False)
         if token is None or not self._grammar_allows(sampler.grammar, token):
-            token = self._pick(sampler, logits, constrained=True)
+            token = self._pick(sampler, logits, constrained=True, started=started)
             if token is None:
                 raise self._exhausted(sampler.grammar)
         llama_cpp.llama_sampler_accept(sampler.grammar, token)
@@ -156,7 +165,8 @@ class TokenSampling:
             llama_cpp.llama_sampler_accept(sampler.chain, token)
         return token
 
-    def _pick(self, sampler: Sampler, logits: np.ndarray, *, constrained: bool) -> int | None:
+    def _pick(self, sampler: Sampler, logits: np.ndarray, *, constrained: bool,
+              started: float | None = None) -> int | None:
         """One draw of the sequence's sampler (the chain is applied, not accepted); None when every candidate
         is banned (-inf) by the grammar (when `constrained`) and logit_bias together."""
         picker = sampler.picker
@@ -168,7 +178,7 @@ class TokenSampling:
         candidates = self._candidates
         candidates.fill(logits)
         if constrained:
-            llama_cpp.llama_sampler_apply(sampler.grammar, candidates.pointer)
+            self._mask_in_slices(sampler.grammar, candidates, time.perf_counter() if started is None else started)
         if picker is not None:
             masked = candidates.data["logit"]  # token order: the grammar masks, it does not sort
             token = picker.pick(masked)
@@ -187,6 +197,22 @@ class TokenSampling:
         if not allowed.size or values[allowed[0]] <= values[-1]:
             return None
         return int(ids[allowed[0]])
+
+    def _mask_in_slices(self, grammar: llama_cpp.llama_sampler_p, candidates: _Candidates, started: float) -> None:
+        """The grammar's mask over every candidate, a slice at a time; raises GrammarTooCostly past the budget."""
+        base = candidates.data.ctypes.data
+        total = len(candidates.data)
+        for start in range(0, total, GRAMMAR_SLICE):
+            piece = llama_cpp.llama_token_data_array(
+                data=ctypes.cast(base + start * _TOKEN_DATA.itemsize, llama_cpp.llama_token_data_p),
+                size=min(GRAMMAR_SLICE, total - start), selected=-1, sorted=False)
+            llama_cpp.llama_sampler_apply(grammar, ctypes.byref(piece))
+            spent = time.perf_counter() - started
+            if spent > self._grammar_step_budget and start + GRAMMAR_SLICE < total:
+                raise GrammarTooCostly(
+                    f"the grammar is too costly: checking the vocabulary against it took over "
+                    f"{self._grammar_step_budget * 1000:.0f} ms in one step ({start + GRAMMAR_SLICE} of {total} "
+                    "tokens checked); simplify it (fewer alternatives that can match the same text)")
 
     def _grammar_allows(self, grammar: llama_cpp.llama_sampler_p, token: int) -> bool:
         self._single.fill(1.0, token)
