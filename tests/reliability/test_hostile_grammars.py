@@ -54,6 +54,8 @@ REFUSED = {
     "nested repetitions": ('root ::= (("a"?){0,2000}){0,2000}', "multiply to more than 2000"),
     "nested repetitions through a rule": ('root ::= x{1,2000}\nx ::= "a"{1,2000}', "rule 'root' nests repetitions"),
     "left recursion behind a nullable rule": ('root ::= x "a"\nx ::= y root\ny ::= "b"?', "left-recursive"),
+    # Found by the generated grammars: llama.cpp writes 2^64 optional copies (gigabytes, the OOM killer) for this.
+    "a repetition's maximum below its minimum": ('root ::= "a"{3,2}', "maximum below its minimum"),
 }
 
 # Within the static bounds (257 stacks) but about 5 s for one pass over the vocabulary on this machine: the step

@@ -61,6 +61,7 @@ def test_literals_classes_escapes_and_comments_are_read_as_llama_cpp_reads_them(
     ("root ::= \"a\"{x}", "expecting an integer"),
     ("root ::= \"a\"{1,2", "expecting '}'"),
     ("root ::= \"a\"{2001}", "more than 2000"),
+    ('root ::= "a"{3,2}', "maximum below its minimum"),  # llama.cpp: 2^64 optional copies, gigabytes then a refusal
     ('root ::= ("a"', "expecting ')'"),
     ('root := "a"', "expecting ::="),
     ('root ::= "a" )', "expecting a newline or the end"),

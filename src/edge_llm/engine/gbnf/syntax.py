@@ -329,6 +329,9 @@ class _Parser:
         reader.space(group.nested)
         if low > MAX_REPETITION:
             raise reader.fail(f"a repetition of {low} is more than {MAX_REPETITION}")
+        if high is not None and high < low:
+            # llama.cpp counts max - min optional copies unsigned: 2^64 of them, gigabytes before it gives up
+            raise reader.fail(f"the repetition {{{low},{high}}} has its maximum below its minimum")
         if high is not None and high > MAX_REPETITION:
             high = None  # llama.cpp reads it as unbounded
         return low, high
