@@ -7,7 +7,7 @@ stack, so its work per step is about (stacks × vocabulary). What multiplies sta
 - a repetition of something that can be empty (`("a"? | "b"?){0,40}`, `(x?)*`): every split of the empty string is
   a path;
 - more stacks than a budget where a rule is entered (the doubling grammar above has 2^k of them);
-- nesting, leftmost rule chains (llama.cpp recurses on both), repetition counts multiplied through nesting and the
+- leftmost rule chains (llama.cpp recurses on both), repetition counts multiplied through nesting and the
   size once llama.cpp has written every `{m,n}` out.
 All in linear passes without recursion: the grammar comes from a request.
 """
@@ -23,7 +23,6 @@ from edge_llm.engine.gbnf.syntax import Grammar, Item, Ref, Repeat, Terminal
 
 logger = logging.getLogger(__name__)
 
-MAX_NESTING = 1024  # groups inside groups (llama.cpp's parser recurses per level)
 MAX_LEFT_CHAIN = 1024  # rules each starting with the next (llama.cpp's left-recursion check recurses per rule)
 MAX_LEFT_PATHS = 1_000_000  # leftmost paths that check walks, over every rule
 MAX_STACKS = 2048  # stacks one rule (or the rest of one alternative) can open at once
@@ -245,8 +244,6 @@ def measure(grammar: Grammar, root: str = "root") -> GrammarCost:
     root_index = grammar.rule_named(root)
     if root_index is None:
         raise GrammarError(f"the grammar has no '{root}' rule")
-    if grammar.max_nesting > MAX_NESTING:
-        raise GrammarError(f"the grammar nests groups {grammar.max_nesting} levels deep (at most {MAX_NESTING})")
     product, elements = _count_expansion(grammar, root_index)
     nullable = _nullable_rules(grammar)
     _check_repetitions(grammar, nullable)

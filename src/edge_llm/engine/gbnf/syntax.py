@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from edge_llm.engine.gbnf.errors import GrammarError
 
+MAX_NESTING = 1024  # groups inside groups (llama.cpp's parser recurses per level): refused as soon as it is passed
 # llama.cpp's MAX_REPETITION_THRESHOLD: `{m}` above it is an error, `{m,n}` above it is read as `{m,}`.
 MAX_REPETITION = 2000
 
@@ -262,6 +263,8 @@ class _Parser:
         elif char == "(":
             reader.pos += 1
             reader.space(True)
+            if len(stack) > MAX_NESTING:
+                raise GrammarError(f"grammar rule '{name}' nests groups more than {MAX_NESTING} levels deep")
             before = len(self.rules) + self.repetition_rules
             stack.append(_Group(self.generated(name), nested=True, symbols_before=before))
             return True
