@@ -3,11 +3,12 @@
 #   scripts/bootstrap.sh serve [edge-llm serve flags...]
 #   scripts/bootstrap.sh test  [pytest args...]
 # 1. Debian packages that are missing (python3 with venv, a C/C++ toolchain, and for `test` the
-#    chromium the browser test drives and the nginx the load-balancer test runs): installed with apt-get
-#    when running as root, otherwise the apt-get command to run is printed and the script exits 1.
+#    chromium the browser test drives, the nginx the load-balancer test runs and the node and npm the Ollama
+#    JavaScript client test runs): installed with apt-get when running as root, otherwise the apt-get command to
+#    run is printed and the script exits 1.
 # 2. The virtualenv .venv with the pinned dependencies (llama-cpp-python is built from source).
 # 3. The default model, in the per-user data directory (`edge-llm model fetch`; idempotent); for `test` also
-#    gemma-3-270m, the second catalogued model.
+#    gemma-3-270m, the second catalogued model, and the pinned ollama npm package (tests/integration/ollama_js).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,6 +38,9 @@ missing_packages() {
   fi
   if [ "$action" = test ] && [ ! -x "$nginx" ]; then
     packages+=(nginx)
+  fi
+  if [ "$action" = test ] && ! command -v npm >/dev/null; then
+    packages+=(nodejs npm)
   fi
   echo "${packages[@]}"
 }
@@ -80,6 +84,14 @@ fi
 .venv/bin/edge-llm model fetch
 if [ "$action" = test ]; then
   .venv/bin/edge-llm model fetch gemma-3-270m  # the second model, for the tests of a server with several models
+  # The official ollama JavaScript client, pinned in its package.json, for the Ollama API tests; reinstalled only
+  # when that file changes.
+  ollama_js=tests/integration/ollama_js
+  if ! cmp -s "$ollama_js/package.json" "$ollama_js/node_modules/.installed-package.json"; then
+    echo "installing the ollama JavaScript client for the tests" >&2
+    (cd "$ollama_js" && npm install --no-audit --no-fund --no-package-lock --silent >&2)
+    cp "$ollama_js/package.json" "$ollama_js/node_modules/.installed-package.json"
+  fi
 fi
 
 case "$action" in

@@ -125,7 +125,7 @@ def samples(server: RunningServer) -> Samples:
 
 
 def test_the_page_needs_no_key_and_loads_nothing_from_elsewhere(chat: ChatPage, web_server: RunningServer) -> None:
-    response = httpx.get(web_server.url + "/", timeout=10)  # no Authorization header
+    response = httpx.get(web_server.url + "/", headers={"Accept": "text/html"}, timeout=10)  # no Authorization
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/html")
     assert "default-src 'none'" in response.headers["content-security-policy"]

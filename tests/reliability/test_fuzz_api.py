@@ -54,13 +54,24 @@ OPERATIONS = [
     ("GET", "/healthz"),
     ("GET", "/readyz"),
     ("GET", "/metrics"),
+    ("POST", "/api/chat"),
+    ("POST", "/api/generate"),
+    ("POST", "/api/embed"),
+    ("POST", "/api/embeddings"),
+    ("GET", "/api/tags"),
+    ("POST", "/api/show"),
+    ("GET", "/api/ps"),
+    ("GET", "/api/version"),
+    ("POST", "/api/pull"),
+    ("DELETE", "/api/delete"),
+    ("POST", "/api/copy"),
 ]
 RESPONSES_END = re.compile(rb"event: response\.(completed|incomplete|failed)\n[^\n]*\n\n$")
 INFILL_END = re.compile(rb'data: \{[^\n]*("stop": true|"error": )[^\n]*\}\n\n$')  # llama-server's: no [DONE]
 # The GET operations have no negative case to generate (no body, and any string is a valid model id);
 # their negative side is test_wrong_methods_and_unknown_paths_get_the_envelope (and the positive cases'
 # random model ids, which get 404 envelopes).
-WITH_INPUTS = [op for op in OPERATIONS if op[0] == "POST"]
+WITH_INPUTS = [op for op in OPERATIONS if op[0] in ("POST", "DELETE")]
 
 
 @pytest.fixture(scope="module")
@@ -101,9 +112,19 @@ def anthropic_envelope(status: int, body: bytes, where: str) -> dict[str, Any]:
     return {"code": (error.get("details") or {}).get("error_code"), **error}
 
 
+def ollama_envelope(status: int, body: bytes, where: str) -> dict[str, Any]:
+    """Ollama's envelope (the /api/* routes): {"error": "message"}; it has no code."""
+    parsed = json.loads(body)
+    assert isinstance(parsed, dict) and set(parsed) == {"error"}, f"{where}: {status} {parsed!r:.300}"
+    assert isinstance(parsed["error"], str) and parsed["error"], f"{where}: {status} {parsed!r:.300}"
+    return {"code": None, "message": parsed["error"]}
+
+
 def envelope(path: str, status: int, body: bytes, where: str) -> dict[str, Any]:
     if path.startswith("/v1/messages"):
         return anthropic_envelope(status, body, where)
+    if path.startswith("/api/"):
+        return ollama_envelope(status, body, where)
     return assert_envelope(status, body, where)
 
 
@@ -119,6 +140,12 @@ def check_answer(path: str, status: int, headers: dict[str, str], body: bytes, w
         # or /infill's final object (stop: true) or error.
         assert (body.endswith(b"data: [DONE]\n\n") or b"event: done\n" in body or b"event: error\n" in body
                 or b"event: message_stop\n" in body or RESPONSES_END.search(body) or INFILL_END.search(body)), \
+            f"{where}: the stream did not end properly: {body[-300:]!r}"
+    elif content_type.startswith("application/x-ndjson"):
+        # Ollama's streams: one JSON object a line, the last one `done`, a pull's success, or an error.
+        lines = [json.loads(line) for line in body.decode("utf-8").splitlines()]
+        assert lines and (lines[-1].get("done") is True or lines[-1].get("status") == "success"
+                          or lines[-1].get("error")), \
             f"{where}: the stream did not end properly: {body[-300:]!r}"
     elif content_type.startswith("application/json"):
         json.loads(body)
@@ -157,7 +184,8 @@ def fuzz(server: RunningServer, schema: schemathesis.BaseSchema, method: str, pa
                                         headers={"content-type": "application/json"})
                 sent[0] += 1
                 assert mutated.status_code == 400, f"{name}: {where}: {mutated.status_code} {mutated.text[:300]}"
-                assert envelope(path, 400, mutated.content, where)["code"] == "invalid_json"
+                error = envelope(path, 400, mutated.content, where)
+                assert error["code"] == "invalid_json" or path.startswith("/api/"), error  # Ollama's has no code
 
     run()
     return sent[0]

@@ -23,14 +23,24 @@ from edge_llm.api.lifecycle import Lifecycle
 from edge_llm.api.middleware import BodySizeLimit, HeaderLimit, RequestContext, ShutdownGate
 from edge_llm.api.protocol import ChatCompletionRequest, CompletionRequest, SimplePromptRequest
 from edge_llm.api.protocol_models import ModelLoadRequest
+from edge_llm.api.protocol_ollama_models import CopyRequest, DeleteRequest, PullRequest, ShowRequest
 from edge_llm.api.protocol_tokenization import DetokenizeRequest, TokenizeRequest
 from edge_llm.api.protocol_llama import InfillRequest
 from edge_llm.api.protocol_responses import ResponsesRequest
 from edge_llm.api.protocol_embeddings import EmbeddingsRequest
 from edge_llm.api.protocol_anthropic import CountTokensRequest, MessagesRequest
+from edge_llm.api.protocol_ollama import (
+    OllamaChatRequest,
+    OllamaEmbeddingsRequest,
+    OllamaEmbedRequest,
+    OllamaGenerateRequest,
+)
 from edge_llm.api.routes import debug_router, router
+from edge_llm.api.routes_ollama import ollama_router
 from edge_llm.api.security import ApiKeyAuth, HostGuard, load_api_keys, warn_if_exposed
 from edge_llm.api.serving.models import ModelServing
+from edge_llm.api.serving.ollama_models import OllamaModelServing
+from edge_llm.api.serving.ollama_pull import PullServing
 from edge_llm.api.telemetry import EngineTelemetry, RequestRecords
 from edge_llm.api.web import web_router
 from edge_llm.config import Settings
@@ -111,10 +121,13 @@ def create_app(
     app.state.engine = engine  # the one engine given (tests); None when the registry makes them
     app.state.registry = registry
     app.state.models = ModelServing(settings, registry)  # /v1/models, load, unload
+    app.state.ollama_models = OllamaModelServing(settings, registry)  # /api/tags, show, ps, delete, copy, version
+    app.state.ollama_pull = PullServing(settings, registry, app.state.ollama_models.digests)  # /api/pull
     app.state.metrics = metrics
     app.state.records = records
     app.state.lifecycle = lifecycle
     app.include_router(router)
+    app.include_router(ollama_router)
     app.include_router(web_router)  # the web chat at / (no API key needed for the page itself)
     if settings.test_hooks:
         logger.warning("test hooks are on (POST /debug/kill-engine): never use --test-hooks in production")
@@ -129,7 +142,7 @@ def create_app(
         app.add_middleware(
             CORSMiddleware,
             allow_origins=settings.cors_origins,
-            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_methods=["GET", "HEAD", "POST", "DELETE", "OPTIONS"],
             allow_headers=["Authorization", "Content-Type", "X-Request-Id", "X-Api-Key", "Anthropic-Version"],
             expose_headers=["X-Request-Id", "Retry-After"],
         )
@@ -176,10 +189,13 @@ def _document_request_schemas(app: FastAPI) -> None:
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             for model in (ChatCompletionRequest, SimplePromptRequest, CompletionRequest, InfillRequest,
                           TokenizeRequest, DetokenizeRequest, MessagesRequest, CountTokensRequest, ResponsesRequest,
-                          EmbeddingsRequest, ModelLoadRequest):
+                          EmbeddingsRequest, ModelLoadRequest, OllamaChatRequest, OllamaGenerateRequest,
+                          OllamaEmbedRequest, OllamaEmbeddingsRequest):
                 definition = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 components.update(definition.pop("$defs", {}))
                 components[model.__name__] = definition
+            for model in (ShowRequest, PullRequest, DeleteRequest, CopyRequest):  # Ollama's, named as such
+                components["Ollama" + model.__name__] = model.model_json_schema()
             app.openapi_schema = schema
         return app.openapi_schema
 

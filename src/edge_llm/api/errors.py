@@ -1,5 +1,5 @@
-"""Every error leaves the server in OpenAI's envelope, or in Anthropic's on the Anthropic Messages routes; the
-mapping lives here and only here."""
+"""Every error leaves the server in OpenAI's envelope, in Anthropic's on the Anthropic Messages routes, or in
+Ollama's (`{"error": "…"}`) on Ollama's /api/* routes; the mapping lives here and only here."""
 
 from __future__ import annotations
 
@@ -50,6 +50,14 @@ def speaks_anthropic(path: str | None) -> bool:
     return path is not None and (path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/"))
 
 
+# Ollama's API: its clients (the ollama packages, Open WebUI, Continue, Copilot) read `{"error": "…"}`.
+OLLAMA_PREFIX = "/api/"
+
+
+def speaks_ollama(path: str | None) -> bool:
+    return path is not None and path.startswith(OLLAMA_PREFIX)
+
+
 class APIError(Exception):
     def __init__(
         self,
@@ -60,10 +68,14 @@ class APIError(Exception):
         param: str | None = None,
         error_type: str | None = None,
         headers: dict[str, str] | None = None,
+        ollama_message: str | None = None,
     ) -> None:
+        """`ollama_message`: the text Ollama's envelope carries instead of `message`, where Ollama's own text is
+        what its clients look for (`model '…' not found`)."""
         super().__init__(message)
         self.status = status
         self.message = message
+        self.ollama_message = ollama_message
         self.code = code
         self.param = param
         self.error_type = error_type or _TYPE_BY_STATUS.get(status, "server_error")
@@ -82,9 +94,12 @@ class APIError(Exception):
         return body
 
     def response(self, path: str | None = None) -> JSONResponse:
-        """The error as the route at `path` answers errors (OpenAI's envelope unless it is an Anthropic route)."""
+        """The error as the route at `path` answers errors (OpenAI's envelope unless it is an Anthropic or an
+        Ollama route)."""
         if speaks_anthropic(path):
             body = self.anthropic_body()
+        elif speaks_ollama(path):
+            body = {"error": self.ollama_message or self.message}
         else:
             body = ErrorResponse(error=self.detail()).model_dump()
         return JSONResponse(body, status_code=self.status, headers=self.headers)

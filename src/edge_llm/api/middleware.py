@@ -88,6 +88,7 @@ def _abort_connection(send: Send) -> None:
 
 
 _STREAM_UNSENT_BYTES = 4096
+_STREAM_TYPES = (b"text/event-stream", b"application/x-ndjson")  # SSE, and NDJSON (Ollama's streams)
 
 
 def _bound_stream_buffering(send: Send) -> None:
@@ -166,7 +167,7 @@ class RequestContext:
                 message = {**message, "headers": headers}
                 if record.status >= 400:
                     error_body = bytearray()
-                elif send_timeout > 0 and any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
+                elif send_timeout > 0 and any(k.lower() == b"content-type" and v.startswith(_STREAM_TYPES)
                                               for k, v in headers):
                     _bound_stream_buffering(send)
             elif message["type"] == "http.response.body":

@@ -96,7 +96,7 @@ async def acquire(registry: ModelRegistry, name: str | None, keep_alive: Any) ->
 
 def unknown_model(exc: UnknownModelError) -> APIError:
     return APIError(404, f"The model '{exc.name}' does not exist; available: {', '.join(exc.available)}",
-                    code="model_not_found", param="model")
+                    code="model_not_found", param="model", ollama_message=f"model '{exc.name}' not found")
 
 
 def unavailable(exc: ModelUnavailableError) -> APIError:
@@ -105,13 +105,14 @@ def unavailable(exc: ModelUnavailableError) -> APIError:
 
 
 def serving_for(settings: Settings, entry: ModelEntry) -> dict[type[Serving], Serving]:
-    """The endpoint families' serving objects for the entry's loaded engine, made once per load."""
-    serving = entry.attachments.get("serving")
-    if serving is None:
+    """The endpoint families' serving objects for the entry's loaded engine, made once per load (and again when
+    the model got another name: Ollama's /api/copy)."""
+    made = entry.attachments.get("serving")
+    if made is None or made[0] != entry.names:
         assert entry.client is not None
         own = settings.model_copy(update={"model": entry.spec.path, "model_alias": None})
-        serving = entry.attachments["serving"] = build_serving(own, entry.client, entry.spec.names)
-    return cast(dict[type[Serving], Serving], serving)
+        made = entry.attachments["serving"] = (entry.names, build_serving(own, entry.client, entry.names))
+    return cast(dict[type[Serving], Serving], made[1])
 
 
 class LeasedResponse(Response):

@@ -71,6 +71,7 @@ def _holds_models(value: Any) -> bool:
 
 
 def _natural(path: str) -> list[tuple[int, int | str]]:
+    # (isdigit alone is true of "³", which int() refuses: a 500 for a body with such a key)
     return [(0, int(part)) if part.isascii() and part.isdigit() else (1, part) for part in path.split(".")]
 
 

@@ -76,7 +76,11 @@ class EventStreamResponse(StreamingResponse):
     While the body has sent nothing for `keepalive_interval` seconds (a request waiting in the queue or
     prefilling a long prompt), a `: keep-alive` comment goes out, so proxies that cut idle connections
     (often after 60 s) keep the stream open. 0 turns it off.
+
+    Another streaming format reuses all of this by subclassing with its own `media_type` (api/ndjson.py).
     """
+
+    media_type = "text/event-stream"
 
     def __init__(
         self,
@@ -88,7 +92,6 @@ class EventStreamResponse(StreamingResponse):
     ) -> None:
         super().__init__(
             body,
-            media_type="text/event-stream",
             headers={"cache-control": "no-cache", "x-accel-buffering": "no", **(headers or {})},
         )
         self.on_disconnect = on_disconnect

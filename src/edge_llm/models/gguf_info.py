@@ -55,6 +55,7 @@ class ArrayValue:
     item_type: str
     length: int
     items: list[Any] | None
+    span: tuple[int, int] = field(default=(0, 0), compare=False)  # the items' bytes in the file (start, end)
 
 
 @dataclass(frozen=True)
@@ -164,10 +165,11 @@ class ModelFacts:
 
 
 class _Cursor:
-    def __init__(self, buffer: mmap.mmap, endian: str) -> None:
+    def __init__(self, buffer: mmap.mmap, endian: str, max_keep: int | None = _MAX_KEEP) -> None:
         self.buffer = buffer
         self.endian = endian
         self.offset = 0
+        self.max_keep = max_keep  # None: every array's items are kept
 
     def unpack(self, fmt: str) -> Any:
         try:
@@ -212,8 +214,10 @@ class _Cursor:
     def array(self) -> ArrayValue:
         item_type = _value_type(self.unpack("I"))
         length = self.unpack("Q")
-        if length <= _MAX_KEEP:
-            return ArrayValue(item_type.name, length, [self.value(item_type) for _ in range(length)])
+        start = self.offset
+        if self.max_keep is None or length <= self.max_keep:
+            items = [self.value(item_type) for _ in range(length)]
+            return ArrayValue(item_type.name, length, items, (start, self.offset))
         if item_type == GGUFValueType.STRING:
             self.skip_strings(length)
         elif item_type == GGUFValueType.ARRAY:
@@ -224,7 +228,7 @@ class _Cursor:
             if fmt is None:
                 raise GGUFInfoError(f"unknown GGUF value type {int(item_type)}")
             self.offset += length * struct.calcsize(fmt)
-        return ArrayValue(item_type.name, length, None)
+        return ArrayValue(item_type.name, length, None, (start, self.offset))
 
 
 def _value_type(raw: int) -> GGUFValueType:
@@ -268,20 +272,21 @@ def _walk(cursor: _Cursor) -> tuple[int, dict[str, Any], list[TensorInfo]]:
     return version, metadata, tensors
 
 
-def read_model_facts(path: Path) -> ModelFacts:
+def read_model_facts(path: Path, *, max_keep: int | None = _MAX_KEEP) -> ModelFacts:
     """Raises GGUFInfoError for a missing, non-GGUF or truncated file. A file is walked once while it is unchanged
-    (the start-up checks, the memory estimate and the banner all read it)."""
+    (the start-up checks, the memory estimate and the banner all read it). Arrays of more than `max_keep` items are
+    counted, not decoded (None: every item is decoded, as Ollama's verbose /api/show lists them)."""
     try:
         stat = path.stat()
     except FileNotFoundError:
         raise GGUFInfoError(f"file not found: {path}") from None
     except PermissionError:
         raise GGUFInfoError(f"permission denied: {path}") from None
-    return _read_unchanged(path, stat.st_size, stat.st_mtime_ns)
+    return _read_unchanged(path, stat.st_size, stat.st_mtime_ns, max_keep)
 
 
 @lru_cache(maxsize=8)
-def _read_unchanged(path: Path, size: int, _mtime_ns: int) -> ModelFacts:
+def _read_unchanged(path: Path, size: int, _mtime_ns: int, max_keep: int | None) -> ModelFacts:
     try:
         with path.open("rb") as file:
             if size < 24:
@@ -290,7 +295,7 @@ def _read_unchanged(path: Path, size: int, _mtime_ns: int) -> ModelFacts:
                 if struct.unpack_from("<I", buffer, 0)[0] != GGUF_MAGIC:
                     raise GGUFInfoError(f"not a GGUF file (bad magic bytes): {path}")
                 endian = "<" if struct.unpack_from("<I", buffer, 4)[0] < 0x10000 else ">"
-                cursor = _Cursor(buffer, endian)
+                cursor = _Cursor(buffer, endian, max_keep)
                 cursor.offset = 4
                 version, metadata, tensors = _walk(cursor)
                 header_end = cursor.offset

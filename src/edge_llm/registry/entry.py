@@ -60,10 +60,16 @@ class ModelEntry:
     loads: int = 0
     unloads: Counter[str] = field(default_factory=Counter)  # by reason: idle, keep_alive, evicted, request
     attachments: dict[str, Any] = field(default_factory=dict)  # what the API keeps per loaded engine
+    copies: list[str] = field(default_factory=list)  # names given by Ollama's /api/copy (for the server's lifetime)
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name a request may use for it (registry/names.py also reads Ollama's spellings of them)."""
+        return self.spec.names + tuple(self.copies)
 
     @property
     def pinned(self) -> bool:

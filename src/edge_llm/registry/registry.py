@@ -29,6 +29,7 @@ from edge_llm.registry.entry import (
     UnknownModelError,
     KeepAliveDefault,
 )
+from edge_llm.registry.names import NameIndex, NameTaken, same_name
 from edge_llm.registry.specs import ModelSpec
 
 __all__ = ["DEFAULT_KEEP_ALIVE", "EngineFactory", "Lease", "ModelEntry", "ModelRegistry", "ModelState",
@@ -72,8 +73,10 @@ class ModelRegistry:
     ) -> None:
         """`on_demand` False: one model, loaded at start (`start`), whose load failure or death ends the server
         (`on_fatal`); True: models load on their first request and a load failure is that request's 503."""
-        self._entries = {spec.name: ModelEntry(spec, keep_alive) for spec in specs}
-        self._names = {n: entry for entry in self._entries.values() for n in entry.spec.names}
+        self._entries: dict[str, ModelEntry] = {}
+        self._names: NameIndex[ModelEntry] = NameIndex()
+        for spec in specs:
+            self.add(spec, keep_alive)
         self._factory = factory
         self.default_model = default_model
         self.default_keep_alive = keep_alive
@@ -100,12 +103,53 @@ class ModelRegistry:
     def available(self) -> list[str]:
         """Every name a request may use, model ids first."""
         ids = list(self._entries)
-        return ids + [n for e in self._entries.values() for n in e.spec.aliases if n not in ids]
+        others = (n for e in self._entries.values() for n in (e.spec.ollama_name, *e.spec.aliases, *e.copies))
+        return ids + list(dict.fromkeys(n for n in others if n and n not in ids))
 
     def resolve(self, name: str | None) -> ModelEntry:
-        entry = self._names.get(name or self.default_model)
+        """The model `name` means (registry/names.py: exact names, then Ollama's spellings); None: the default one.
+        Raises UnknownModelError: a name that means no model is never served by another."""
+        entry = self._names.owner(name or self.default_model)
         if entry is None:
             raise UnknownModelError(name or "", self.available())
+        return entry
+
+    def add(self, spec: ModelSpec, keep_alive: KeepAlive = DEFAULT_KEEP_ALIVE) -> ModelEntry:
+        """A model to serve from now on (a file fetched by Ollama's /api/pull). Raises NameTaken when one of its
+        names is another model's."""
+        if spec.name in self._entries:
+            raise NameTaken(spec.name, self._entries[spec.name])
+        entry = ModelEntry(spec, self.default_keep_alive if isinstance(keep_alive, KeepAliveDefault) else keep_alive)
+        for name in spec.names:
+            self._names.add(name, entry)  # (checked name by name: a clash leaves the earlier names behind)
+        self._entries[spec.name] = entry
+        return entry
+
+    def remove(self, entry: ModelEntry) -> None:
+        """Stops serving an unloaded, unused model (Ollama's /api/delete). Raises ValueError otherwise."""
+        if entry.holds_memory or entry.leases or entry.waiters:
+            raise ValueError(f"the model '{entry.name}' is {entry.state.value} or in use")
+        self._names.discard_owner(entry)
+        self._entries.pop(entry.name, None)
+        self._notify()
+
+    def add_copy(self, name: str, entry: ModelEntry) -> None:
+        """Another name for a model, for the server's lifetime (Ollama's /api/copy). Raises NameTaken when it is
+        another model's name."""
+        self._names.add(name, entry)
+        if name not in entry.names:
+            entry.copies.append(name)
+
+    def remove_copy(self, name: str) -> ModelEntry | None:
+        """Forgets a name given by `add_copy`; the model it named, or None when `name` is no copy."""
+        entry = self._names.owner(name)
+        copy = next((copy for copy in entry.copies if same_name(name, (copy,))), None) if entry else None
+        if entry is None or copy is None:
+            return None
+        entry.copies.remove(copy)
+        self._names.discard(copy)
+        for own in entry.names:  # a name of its own spelled the same way as the copy stays its name
+            self._names.add(own, entry)
         return entry
 
     # ---- start and stop -----------------------------------------------------------------------------

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from edge_llm.config import Settings
-from edge_llm.models.catalogue import catalogue_name_of
+from edge_llm.models.catalogue import catalogue_name_of, ollama_name_of
 from edge_llm.models.fetch import DEFAULT_MODEL
 from edge_llm.models.gguf_info import GGUFInfoError, read_model_facts
+from edge_llm.registry.names import NameIndex, NameTaken
 
 logger = logging.getLogger(__name__)
 
@@ -20,14 +21,15 @@ logger = logging.getLogger(__name__)
 class ModelSpec:
     name: str  # the model id: the file name without .gguf
     path: Path
-    aliases: tuple[str, ...] = ()  # other names a request may use besides the id and the file name
+    aliases: tuple[str, ...] = ()  # other names a request may use besides the id, the file name and ollama_name
     memory_bytes: int = 0  # weights + KV cache + compute + embeddings at the server's context (gguf_info estimate)
     pinned: bool = False  # --pin: never unloaded for idleness nor evicted
     facts: dict[str, Any] = field(default_factory=dict, compare=False)  # for /v1/models
+    ollama_name: str = ""  # its name in Ollama's API (/api/tags): `gemma3:270m`, else `<id>:latest`
 
     @property
     def names(self) -> tuple[str, ...]:
-        return (self.name, self.path.name, *self.aliases)
+        return tuple(dict.fromkeys((self.name, self.path.name, *filter(None, (self.ollama_name,)), *self.aliases)))
 
     @property
     def has_chat_template(self) -> bool:
@@ -62,38 +64,48 @@ def model_specs(settings: Settings) -> list[ModelSpec]:
     if not paths:
         raise ModelSpecError(f"no GGUF model files (*.gguf) in {settings.models_dir}: fetch one with "
                              f"`edge-llm model fetch NAME --dir {settings.models_dir}` or copy one there")
-    specs = []
-    for path in paths:
-        name = path.name.removesuffix(".gguf")
-        aliases = tuple(a for a in (catalogue_name_of(path.name),) if a and a != name)
-        specs.append(ModelSpec(name, path, aliases, *_estimate(settings, path)))
+    specs = [spec_for_path(settings, path) for path in paths]
     default = default_model_name(settings, specs)
     specs.sort(key=lambda spec: spec.name != default)  # stable: the others keep their order
     if settings.model_alias and settings.model_alias not in specs[0].names:
         specs[0] = _replace(specs[0], aliases=specs[0].aliases + (settings.model_alias,))
-    taken: dict[str, str] = {}
+    taken: NameIndex[str] = NameIndex()
     for spec in specs:
         for own in spec.names:
-            if taken.setdefault(own, spec.name) != spec.name:
-                raise ModelSpecError(f"two models are called {own!r}: {taken[own]} and {spec.name}; rename one")
+            try:
+                taken.add(own, spec.name)
+            except NameTaken as exc:
+                raise ModelSpecError(f"two models are called {own!r}: {exc.owner} and {spec.name}; rename one") from None
     specs = _with_configured_aliases(settings, specs, taken)
     pinned = set(settings.pin)
-    unknown = pinned - set(taken)
+    unknown = {name for name in pinned if taken.owner(name) is None}
     if unknown:
         raise ModelSpecError(f"--pin names no served model: {', '.join(sorted(unknown))}")
-    return [_replace(s, pinned=bool(pinned & set(s.names))) for s in specs]
+    pinned_ids = {taken.owner(name) for name in pinned}
+    return [_replace(s, pinned=s.name in pinned_ids) for s in specs]
 
 
-def _with_configured_aliases(settings: Settings, specs: list[ModelSpec], taken: dict[str, str]) -> list[ModelSpec]:
+def spec_for_path(settings: Settings, path: Path) -> ModelSpec:
+    """A served model file's spec: its id (the file name without .gguf), catalogue and Ollama names, and the
+    memory it needs at the server's context, from its header."""
+    name = path.name.removesuffix(".gguf")
+    aliases = tuple(a for a in (catalogue_name_of(path.name),) if a and a != name)
+    memory, pinned, facts = _estimate(settings, path)
+    return ModelSpec(name, path, aliases, memory, pinned, facts, ollama_name=ollama_name_of(path.name))
+
+
+def _with_configured_aliases(settings: Settings, specs: list[ModelSpec], taken: NameIndex[str]) -> list[ModelSpec]:
     extra: dict[str, list[str]] = {}
     for alias, target in settings.model_aliases.items():
-        if target not in taken:
+        owner = taken.owner(target)
+        if owner is None:
             raise ModelSpecError(f"model_aliases: {alias!r} → {target!r}, which is not a served model "
                                  f"(served: {', '.join(s.name for s in specs)})")
-        if alias in taken and taken[alias] != taken[target]:
-            raise ModelSpecError(f"model_aliases: {alias!r} is already the name of {taken[alias]}")
-        taken[alias] = taken[target]
-        extra.setdefault(taken[target], []).append(alias)
+        try:
+            taken.add(alias, owner)
+        except NameTaken as exc:
+            raise ModelSpecError(f"model_aliases: {alias!r} is already the name of {exc.owner}") from None
+        extra.setdefault(owner, []).append(alias)
     return [_replace(s, aliases=s.aliases + tuple(a for a in extra.get(s.name, ()) if a not in s.names))
             for s in specs]
 

@@ -14,6 +14,8 @@ from edge_llm.api.serving.completions import CompletionServing
 from edge_llm.api.serving.embeddings import EmbeddingServing
 from edge_llm.api.serving.infill import InfillServing
 from edge_llm.api.serving.messages import MessagesServing
+from edge_llm.api.serving.ollama import OllamaServing
+from edge_llm.api.serving.ollama_embed import OllamaEmbedServing
 from edge_llm.api.serving.responses import ResponsesServing
 from edge_llm.api.serving.tokenization import TokenizationServing
 from edge_llm.config import Settings
@@ -21,7 +23,8 @@ from edge_llm.engine.facade import EngineClient
 
 # The families served by one model's engine; ModelServing (/v1/models, load, unload) serves the registry.
 FAMILIES: tuple[type[Serving], ...] = (ChatServing, MessagesServing, CompletionServing, InfillServing,
-                                       EmbeddingServing, TokenizationServing, ResponsesServing)
+                                       EmbeddingServing, TokenizationServing, ResponsesServing, OllamaServing,
+                                       OllamaEmbedServing)
 
 
 def build_serving(settings: Settings, engine: EngineClient,
@@ -31,4 +34,5 @@ def build_serving(settings: Settings, engine: EngineClient,
 
 
 __all__ = ["FAMILIES", "ChatServing", "CompletionServing", "EmbeddingServing", "InfillServing", "MessagesServing",
-           "ResponsesServing", "Serving", "TokenizationServing", "build_serving"]
+           "OllamaEmbedServing", "OllamaServing", "ResponsesServing", "Serving", "TokenizationServing",
+           "build_serving"]

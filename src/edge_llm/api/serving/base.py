@@ -42,6 +42,7 @@ from edge_llm.engine.types import (
 )
 from edge_llm.logs import current_request_id, new_request_id
 from edge_llm.prompting.chat_template import TemplateError
+from edge_llm.registry.names import same_name
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ class Serving:
         return names
 
     def check_model(self, name: str | None) -> None:
-        if name and name not in self.model_names:
+        if name and not same_name(name, self.model_names):
             raise APIError(
                 404,
                 f"The model '{name}' does not exist; this server serves '{self.model_id}'",
@@ -292,9 +293,10 @@ class Serving:
     def headers(generation: Generation) -> dict[str, str]:
         return {"x-request-id": generation.request_id}
 
-    def stream(self, generation: Generation, events: AsyncIterator[bytes],
-               headers: dict[str, str] | None = None) -> EventStreamResponse:
-        """An SSE response of `events`; the generation is aborted when it ends early (a disconnect, an error)."""
+    def stream(self, generation: Generation, events: AsyncIterator[bytes], headers: dict[str, str] | None = None,
+               *, framing: type[EventStreamResponse] = EventStreamResponse) -> EventStreamResponse:
+        """An SSE response of `events` (or NDJSON: `framing=NdjsonResponse`); the generation is aborted when it ends
+        early (a disconnect, an error)."""
 
         async def guarded() -> AsyncIterator[bytes]:
             try:
@@ -303,7 +305,7 @@ class Serving:
             finally:
                 self.abort(generation)
 
-        response = EventStreamResponse(
+        response = framing(
             guarded(),
             headers=headers or self.headers(generation),
             on_disconnect=lambda: self.abort(generation),

@@ -37,11 +37,21 @@ _GGUF_POOLING = {"1": Pooling.MEAN, "2": Pooling.CLS, "3": Pooling.LAST}
 class EmbeddingServing(Serving):
     async def embeddings(self, request: Request) -> JSONResponse:
         body = await self.read(request, EmbeddingsRequest)
-        info = self._embedding_model()
-        if body.dimensions is not None and body.dimensions != info.embedding_dimensions:
-            raise invalid_request(f"This model's embeddings have {info.embedding_dimensions} dimensions; "
-                                  "`dimensions` cannot change that", param="dimensions")
-        inputs = await self._token_inputs(body.input, info)
+        info = self.embedding_model()
+        self.check_dimensions(body.dimensions, info)
+        inputs = await self.token_inputs(body.input, info)
+        request_id, event = await self.embed(request, inputs, info)
+        # Plain dicts, not the pydantic models: 2,048 vectors of ~900 floats validated one by one would hold up the
+        # event loop (protocol_embeddings documents the shape).
+        data = [{"object": "embedding", "index": i, "embedding": _encoded(vector, body.encoding_format)}
+                for i, vector in enumerate(event.vectors)]
+        usage = {"prompt_tokens": event.prompt_tokens, "total_tokens": event.prompt_tokens}
+        return JSONResponse({"object": "list", "data": data, "model": self.model_id, "usage": usage},
+                            headers={"x-request-id": request_id})
+
+    async def embed(self, request: Request, inputs: list[list[int]], info: ModelInfo) -> tuple[str, Embedded]:
+        """The vectors of checked token inputs (`token_inputs`), and the engine request's id; the work is aborted
+        when the client leaves first."""
         request_id = current_request_id() or new_request_id()
         try:
             channel = self.engine.submit_embedding(EmbeddingRequest(request_id, inputs, self.pooling(info)))
@@ -57,13 +67,12 @@ class EmbeddingServing(Serving):
         event = await self.while_connected(request, request_id, answer())
         if isinstance(event, Failed):
             raise failure_error(event)
-        # Plain dicts, not the pydantic models: 2,048 vectors of ~900 floats validated one by one would hold up the
-        # event loop (protocol_embeddings documents the shape).
-        data = [{"object": "embedding", "index": i, "embedding": _encoded(vector, body.encoding_format)}
-                for i, vector in enumerate(event.vectors)]
-        usage = {"prompt_tokens": event.prompt_tokens, "total_tokens": event.prompt_tokens}
-        return JSONResponse({"object": "list", "data": data, "model": self.model_id, "usage": usage},
-                            headers={"x-request-id": request_id})
+        return request_id, event
+
+    def check_dimensions(self, dimensions: int | None, info: ModelInfo) -> None:
+        if dimensions is not None and dimensions != info.embedding_dimensions:
+            raise invalid_request(f"This model's embeddings have {info.embedding_dimensions} dimensions; "
+                                  "`dimensions` cannot change that", param="dimensions")
 
     def pooling(self, info: ModelInfo) -> Pooling:
         if self.settings.pooling != "auto":
@@ -71,7 +80,7 @@ class EmbeddingServing(Serving):
         declared = next((value for key, value in info.metadata.items() if key.endswith(".pooling_type")), None)
         return _GGUF_POOLING.get(declared or "", Pooling.MEAN)
 
-    def _embedding_model(self) -> ModelInfo:
+    def embedding_model(self) -> ModelInfo:
         info = self.engine.model_info
         if info is None:
             raise engine_unavailable(EngineUnavailableError("The model is not loaded yet"))
@@ -81,9 +90,14 @@ class EmbeddingServing(Serving):
                                   "needs its whole input in one batch", param="model", code="embeddings_not_supported")
         return info
 
-    async def _token_inputs(self, given: str | list[str] | list[int] | list[list[int]],
-                            info: ModelInfo) -> list[list[int]]:
-        """Each input as token ids, checked; texts are tokenized in the tokenizer thread."""
+    def token_limit(self, info: ModelInfo) -> int:
+        """The most tokens one input may have."""
+        return min(info.embedding_max_tokens, self.settings.max_prompt_tokens or info.embedding_max_tokens)
+
+    async def token_inputs(self, given: str | list[str] | list[int] | list[list[int]], info: ModelInfo, *,
+                           limit: int | None = None, truncate: bool = False) -> list[list[int]]:
+        """Each input as token ids, checked; texts are tokenized in the tokenizer thread. An input longer than `limit`
+        (at most `token_limit`) is refused, or with `truncate` keeps its first tokens (Ollama's `truncate`)."""
         if isinstance(given, str):
             items: list[str] | list[list[int]] = [given]
         elif given and all(isinstance(item, int) for item in given):
@@ -97,7 +111,9 @@ class EmbeddingServing(Serving):
         texts = [item for item in items if isinstance(item, str)]
         tokenized = iter(await self.off_loop(self._tokenize_all, texts) if texts else [])
         inputs = [next(tokenized) if isinstance(item, str) else item for item in items]
-        limit = min(info.embedding_max_tokens, self.settings.max_prompt_tokens or info.embedding_max_tokens)
+        limit = min(limit or self.token_limit(info), self.token_limit(info))
+        if truncate:
+            inputs = [tokens[:limit] for tokens in inputs]
         total = 0
         for index, tokens in enumerate(inputs):
             param = "input" if len(inputs) == 1 else f"input.{index}"

@@ -1,0 +1,58 @@
+"""POST /api/embed and the older /api/embeddings: Ollama's embeddings, through the embeddings family's engine path
+(api/serving/embeddings.py: the same checks, pooling and L2-normalised vectors).
+
+/api/embed cuts an input longer than the model's embedding context to fit (`truncate`, default true; `options.num_ctx`
+lowers that context) or, with `truncate: false`, refuses it. `dimensions` other than the model's is refused (Ollama
+would cut the vector to its first `dimensions` numbers, which only models trained for it make sense of). An empty
+input (or prompt) only loads the model, and answers no vector, as Ollama does.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from edge_llm.api.params import report_ignored
+from edge_llm.api.protocol_ollama import OllamaEmbeddingsRequest, OllamaEmbedRequest
+from edge_llm.api.serving.embeddings import EmbeddingServing
+from edge_llm.api.serving.ollama_stream import Clock
+
+logger = logging.getLogger(__name__)
+
+
+class OllamaEmbedServing(EmbeddingServing):
+    async def ollama_embed(self, request: Request) -> JSONResponse:
+        clock = Clock()
+        body = self.parse(OllamaEmbedRequest, await self.json_body(request))
+        name = body.model or self.model_id
+        options = body.options
+        if options is not None:
+            report_ignored(options.ignored(embedding=True))
+        info = self.embedding_model()
+        self.check_dimensions(body.dimensions, info)
+        texts = body.texts
+        if not texts:
+            return JSONResponse({"model": name, "embeddings": []})
+        inputs = await self.token_inputs(texts, info, limit=options.num_ctx if options is not None else None,
+                                         truncate=body.truncate is not False)
+        request_id, event = await self.embed(request, inputs, info)
+        return JSONResponse({
+            "model": name,
+            "embeddings": [vector.tolist() for vector in event.vectors],
+            "total_duration": clock.total_ns(),
+            "load_duration": clock.load_ns,
+            "prompt_eval_count": event.prompt_tokens,
+        }, headers={"x-request-id": request_id})
+
+    async def ollama_embeddings(self, request: Request) -> JSONResponse:
+        body = self.parse(OllamaEmbeddingsRequest, await self.json_body(request))
+        if body.options is not None:
+            report_ignored(body.options.ignored(embedding=True))
+        info = self.embedding_model()
+        if not body.prompt:
+            return JSONResponse({"embedding": []})
+        inputs = await self.token_inputs(body.prompt, info)
+        request_id, event = await self.embed(request, inputs, info)
+        return JSONResponse({"embedding": event.vectors[0].tolist()}, headers={"x-request-id": request_id})

@@ -1,0 +1,148 @@
+"""Ollama's answers to /api/chat and /api/generate: the objects of a streamed answer (one per piece of text or
+tool call, then a last one with `done: true` and the figures), the one object of a non-streamed answer, and the
+answers of a request that only loads or unloads its model.
+
+The figures are Ollama's, durations in nanoseconds: `total_duration` (from the request's arrival, its model's load
+included), `load_duration` (the wait for the model to load; 0 when it was loaded), `prompt_eval_count` (the prompt's
+tokens, those read from the prefix cache included), `prompt_eval_duration`, `eval_count` and `eval_duration`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from edge_llm.api.protocol_anthropic import tool_input
+from edge_llm.api.serving.base import Generation, load_wait_ms
+from edge_llm.api.serving.chat import chat_logprobs
+from edge_llm.engine.types import Failed, Finished, TextDelta, TokenLogprob
+from edge_llm.prompting.tools import ParsedToolCall, ToolCallParser
+
+
+def created_at() -> str:
+    """Now, as Go writes a UTC time in JSON (RFC 3339 with nanoseconds, trailing zeros dropped, "Z")."""
+    seconds, nanoseconds = divmod(time.time_ns(), 1_000_000_000)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+    fraction = f"{nanoseconds:09d}".rstrip("0")
+    return f"{stamp}.{fraction}Z" if fraction else f"{stamp}Z"
+
+
+def done_answer(model: str, *, chat: bool, reason: str) -> dict[str, Any]:
+    """The answer of a request that only loaded (`load`) or unloaded (`unload`) its model."""
+    answer: dict[str, Any] = {"model": model, "created_at": created_at()}
+    if chat:
+        answer["message"] = {"role": "assistant", "content": ""}
+    else:
+        answer["response"] = ""
+    return {**answer, "done": True, "done_reason": reason}
+
+
+@dataclass
+class Clock:
+    """When the request's handler started (monotonic) and how long the request waited for its model to load."""
+
+    started_ns: int = field(default_factory=time.monotonic_ns)
+    load_ns: int = field(default_factory=lambda: int(load_wait_ms.get() * 1_000_000))
+
+    def total_ns(self) -> int:
+        return time.monotonic_ns() - self.started_ns + self.load_ns
+
+
+@dataclass
+class Piece:
+    """What one step of the answer adds: text, complete tool calls, and the logprobs of its tokens."""
+
+    text: str
+    calls: list[ParsedToolCall]
+    logprobs: list[TokenLogprob]
+
+
+async def pieces(generation: Generation, tools: tuple[str, ...]) -> AsyncIterator[Piece | Finished | Failed]:
+    """The answer as it streams; with `tools`, tool calls are taken out of the text (the chat family's parser)."""
+    parser = ToolCallParser(tools) if tools else None
+    async for _, event in generation.channel.choice_events():
+        if isinstance(event, TextDelta):
+            text, calls = parser.feed(event.text) if parser else (event.text, [])
+            yield Piece(text, calls, list(event.logprobs))
+        elif isinstance(event, Finished):
+            if parser is not None:
+                text, calls = parser.finish()
+                yield Piece(text, calls, [])
+            yield event
+            return
+        elif isinstance(event, Failed):
+            yield event
+            return
+
+
+class Answer:
+    """The objects of one chat (`message`) or generate (`response`) answer, with the model named as requested."""
+
+    def __init__(self, model: str, *, chat: bool, clock: Clock, prompt_tokens: int, logprobs: bool) -> None:
+        self.model = model
+        self.chat = chat
+        self.clock = clock
+        self.prompt_tokens = prompt_tokens
+        self.logprobs = logprobs
+        self._calls = 0  # tool calls so far: each one's `function.index`
+
+    def piece(self, piece: Piece) -> dict[str, Any] | None:
+        """A streamed object (`done: false`), or None when the piece holds nothing to send yet."""
+        if not (piece.text or piece.calls or (self.logprobs and piece.logprobs)):
+            return None
+        return self._object(piece.text, self._tool_calls(piece.calls), piece.logprobs, done=False)
+
+    def final(self, finished: Finished, *, context: list[int] | None = None) -> dict[str, Any]:
+        """The streamed answer's last object: no text, `done: true` and the figures."""
+        return {**self._object("", [], [], done=True), **self._figures(finished, context)}
+
+    def whole(self, parts: list[Piece], finished: Finished, *, context: list[int] | None = None) -> dict[str, Any]:
+        """The non-streamed answer: all its text, tool calls and logprobs in one object, with the figures."""
+        calls = self._tool_calls([call for part in parts for call in part.calls])
+        logprobs = [entry for part in parts for entry in part.logprobs]
+        return {**self._object("".join(part.text for part in parts), calls, logprobs, done=True),
+                **self._figures(finished, context)}
+
+    def _object(self, text: str, calls: list[dict[str, Any]], logprobs: list[TokenLogprob], *, done: bool
+                ) -> dict[str, Any]:
+        answer: dict[str, Any] = {"model": self.model, "created_at": created_at()}
+        if self.chat:
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if calls:
+                message["tool_calls"] = calls
+            answer["message"] = message
+        else:
+            answer["response"] = text
+        answer["done"] = done
+        if self.logprobs and logprobs:
+            answer["logprobs"] = chat_logprobs(logprobs)["content"]  # Ollama's shape is OpenAI's chat entries
+        return answer
+
+    def _tool_calls(self, calls: list[ParsedToolCall]) -> list[dict[str, Any]]:
+        out = []
+        for call in calls:
+            out.append({"id": call.id, "function": {"index": self._calls, "name": call.name,
+                                                    "arguments": tool_input(call.arguments)}})
+            self._calls += 1
+        return out
+
+    def _figures(self, finished: Finished, context: list[int] | None) -> dict[str, Any]:
+        timings = finished.timings
+        figures: dict[str, Any] = {"done_reason": finished.reason.value}
+        if context is not None:
+            figures["context"] = context
+        return {
+            **figures,
+            "total_duration": self.clock.total_ns(),
+            "load_duration": self.clock.load_ns,
+            "prompt_eval_count": self.prompt_tokens,
+            "prompt_eval_duration": _ns(timings.get("prefill_ms", 0.0)),
+            "eval_count": finished.usage.completion_tokens,
+            "eval_duration": _ns(timings.get("decode_ms", 0.0)),
+        }
+
+
+def _ns(milliseconds: float) -> int:
+    return int(milliseconds * 1_000_000)
