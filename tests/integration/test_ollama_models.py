@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -203,3 +206,46 @@ def test_the_file_given_by_model_is_never_deleted(server: RunningServer) -> None
         client(server).delete(QWEN)
     assert refused.value.status_code == 409 and "--model" in refused.value.error
     assert hashlib.sha256(Path(MODEL).read_bytes()[:1 << 20]).hexdigest()  # still there and readable
+
+
+# ---- Ollama's CLI verbs ----------------------------------------------------------------------------------------
+
+
+def verb(server: RunningServer, *args: str) -> subprocess.CompletedProcess[str]:
+    """`edge-llm VERB ...` against the server, as a person types it (OLLAMA_HOST names the server, as for Ollama)."""
+    env = {**os.environ, "OLLAMA_HOST": server.url.removeprefix("http://")}
+    return subprocess.run([sys.executable, "-m", "edge_llm", *args], capture_output=True, text=True, timeout=300,
+                          env=env)
+
+
+def test_list_ps_and_run_verbs_talk_to_the_running_server(models_server: RunningServer) -> None:
+    listed = verb(models_server, "list")
+    assert listed.returncode == 0, listed.stderr
+    header, *rows = listed.stdout.splitlines()
+    assert header.split() == ["NAME", "ID", "SIZE", "MODIFIED"]
+    names = {row.split()[0] for row in rows}
+    assert {QWEN, GEMMA} <= names
+    assert any(row.startswith(QWEN) and DEFAULT_MODEL.sha256[:12] in row for row in rows)
+
+    answered = verb(models_server, "run", QWEN, "Say", "OK.")
+    assert answered.returncode == 0, answered.stderr
+    assert answered.stdout.strip()
+    loaded = verb(models_server, "ps")
+    assert loaded.returncode == 0, loaded.stderr
+    header, *rows = loaded.stdout.splitlines()
+    assert header.split() == ["NAME", "ID", "SIZE", "PROCESSOR", "UNTIL"]
+    assert any(row.startswith(QWEN) and "100% CPU" in row for row in rows), loaded.stdout
+
+
+def test_pull_verb_prints_the_servers_progress_and_unknown_names_fail_in_one_line(models_server: RunningServer
+                                                                                 ) -> None:
+    pulled = verb(models_server, "pull", GEMMA)
+    assert pulled.returncode == 0, pulled.stderr
+    lines = pulled.stdout.splitlines()
+    assert lines[0] == "pulling manifest" and lines[-1] == "success", pulled.stdout
+    unknown = verb(models_server, "pull", "no-such-model:7b")
+    assert unknown.returncode == 1
+    assert unknown.stderr.startswith("edge-llm: error: ") and len(unknown.stderr.strip().splitlines()) == 1
+    unreachable = subprocess.run([sys.executable, "-m", "edge_llm", "list", "--host", "http://127.0.0.1:9"],
+                                 capture_output=True, text=True, timeout=60)
+    assert unreachable.returncode == 1 and "could not reach the server" in unreachable.stderr

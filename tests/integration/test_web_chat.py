@@ -137,9 +137,10 @@ def test_the_page_needs_no_key_and_loads_nothing_from_elsewhere(chat: ChatPage, 
 
     assert chat.page.title() == "Edge LLM chat"
     assert chat.page.is_visible("#empty")
-    chat.page.wait_for_function("() => document.getElementById('model-name').textContent.includes('key')")
+    chat.page.wait_for_function("() => document.getElementById('model-picker').textContent.includes('key')")
     chat.set_key()
-    chat.page.wait_for_function("() => document.getElementById('model-name').textContent.includes('qwen')")
+    chat.page.wait_for_function("() => document.getElementById('model-picker').value.includes('qwen')")
+    assert chat.page.is_disabled("#model-picker")  # one model: nothing to pick
     assert chat.urls and all(url.startswith(web_server.url + "/") or url.startswith("data:") for url in chat.urls)
     chat.shot("web-chat-empty.png")
 
@@ -294,6 +295,54 @@ def test_new_chat_during_an_answer_aborts_it_and_starts_clean(chat: ChatPage, we
     chat.ask("Say hi.")
     chat.wait_done(1)
     assert [m["role"] for m in chat.chat_requests[-1]["body"]["messages"]] == ["user"]
+
+
+@pytest.fixture(scope="module")
+def picker_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A server of a directory holding both catalogued models (links), none loaded until asked for."""
+    require_chromium()
+    from edge_llm.models.catalogue import GEMMA_3_270M
+    from edge_llm.models.fetch import fetch, models_dir
+    from edge_llm.testing.server import require_model
+
+    directory = tmp_path_factory.mktemp("picker-models")
+    (directory / require_model().name).symlink_to(require_model())
+    gemma = fetch(GEMMA_3_270M, models_dir())
+    (directory / gemma.name).symlink_to(gemma)
+    with run_server(tmp_path_factory.mktemp("picker"), "--models-dir", str(directory), "--ctx-size", "2048",
+                    "--parallel", "2", "--cache-slots", "0", model=None) as running:
+        yield running
+
+
+def test_the_picker_lists_every_model_loads_the_one_picked_and_chats_with_it(browser: Any,
+                                                                              picker_server: RunningServer) -> None:
+    chat = ChatPage(browser, picker_server)
+    options = "() => Array.from(document.querySelectorAll('#model-picker option')).map(o => o.value)"
+    chat.page.wait_for_function(f"() => ({options})().length >= 2")
+    listed = chat.page.evaluate(options)
+    served = [model["id"] for model in httpx.get(picker_server.url + "/v1/models", timeout=30).json()["data"]]
+    assert sorted(listed) == sorted(served) and any("qwen" in name for name in listed)
+    qwen = next(name for name in listed if "qwen" in name)
+    assert "(unloaded)" in chat.page.locator(f"#model-picker option[value='{qwen}']").text_content()
+
+    chat.page.select_option("#model-picker", qwen)
+    chat.page.wait_for_function("() => document.body.dataset.loading === 'true' || "
+                                "document.getElementById('notice').textContent.includes('Loading')")
+    chat.page.wait_for_function(f"() => document.querySelector(\"#model-picker option[value='{qwen}']\")"
+                                f".textContent === '{qwen}'", timeout=120_000)  # loaded: no state after the name
+    states = {m["id"]: m["state"] for m in httpx.get(picker_server.url + "/v1/models", timeout=30).json()["data"]}
+    assert states[qwen] == "loaded"
+    chat.shot("web-chat-picker.png")
+
+    chat.ask("Say OK.")
+    chat.wait_done(1)
+    assert chat.chat_requests[-1]["body"]["model"] == qwen
+    assert chat.last_answer_text().strip()
+    chat.close()
+
+    again = ChatPage(browser, picker_server)  # the choice is kept in this browser
+    again.page.wait_for_function(f"() => document.getElementById('model-picker').value === '{qwen}'")
+    again.close()
 
 
 def test_a_missing_browser_fails_these_tests_and_the_others_still_run(tmp_path: Path) -> None:

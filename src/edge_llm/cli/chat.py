@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", nargs="?", default=DEFAULT_URL, help=f"the server (default {DEFAULT_URL})")
     parser.add_argument("-p", "--prompt", metavar="QUESTION",
                         help="one-shot: print the answer to QUESTION and exit ('-' reads it from stdin)")
-    parser.add_argument("--api-key", default=_env_key(), metavar="KEY",
+    parser.add_argument("--api-key", default=env_api_key(), metavar="KEY",
                         help="sent as 'Authorization: Bearer KEY' (default: the first of EDGE_LLM_API_KEY)")
     parser.add_argument("--system", default="", metavar="TEXT", help="system prompt")
     parser.add_argument("--temperature", type=float, default=None, metavar="X", help="default: the server's")
@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", "-q", action="store_true", help="no banner or per-answer figures")
 
 
-def _env_key() -> str | None:
+def env_api_key() -> str | None:
     value = os.environ.get("EDGE_LLM_API_KEY", "")
     first = value.split(",")[0].strip()
     return first or None

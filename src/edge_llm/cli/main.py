@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_chat_arguments(chat)
     chat.set_defaults(handler=_chat)
 
+    from edge_llm.cli.ollama_verbs import add_verbs
+
+    add_verbs(commands)  # run, pull, list, ps: Ollama's verbs, talking to a running server
+
     # `edge-llm bench` parses its own flags (edge_llm.cli.bench), so its imports stay out of `serve`.
     bench = commands.add_parser("bench", help="load-test an OpenAI-compatible server (edge-llm bench --help)",
                                 add_help=False, prefix_chars="\0")

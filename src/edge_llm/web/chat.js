@@ -5,6 +5,7 @@
 (() => {
   const SETTINGS_KEY = "edge-llm.settings";
   const API_KEY_KEY = "edge-llm.api-key";
+  const MODEL_KEY = "edge-llm.model";
   const DEFAULTS = { system: "", temperature: 0.7, top_p: 0.9, max_tokens: 512 };
 
   const $ = (id) => document.getElementById(id);
@@ -28,7 +29,7 @@
     maxTokens: $("max-tokens"),
     apiKey: $("api-key"),
     resetSettings: $("reset-settings"),
-    modelName: $("model-name"),
+    modelPicker: $("model-picker"),
   };
 
   const state = {
@@ -376,6 +377,7 @@
       top_p: settings.top_p,
       max_tokens: settings.max_tokens,
     };
+    if (ui.modelPicker.value) body.model = ui.modelPicker.value;
     const started = performance.now();
     let firstAt = null;
     let content = "";
@@ -466,18 +468,62 @@
     ui.prompt.focus();
   }
 
+  function pickerSays(text) {
+    const option = document.createElement("option");
+    option.value = "";
+    option.textContent = text;
+    ui.modelPicker.replaceChildren(option);
+    ui.modelPicker.disabled = true;
+  }
+
+  // Every model the server can serve (as /api/tags lists them), the chosen one kept in this browser.
   async function showModel() {
     try {
       const response = await fetch("/v1/models", { headers: headers() });
       if (response.status === 401) {
-        ui.modelName.textContent = "API key needed";
+        pickerSays("API key needed");
         notice("This server needs an API key: enter it in Settings.");
         return;
       }
-      const body = await response.json();
-      ui.modelName.textContent = body.data && body.data[0] ? body.data[0].id : "";
+      const models = (await response.json()).data || [];
+      const saved = localStorage.getItem(MODEL_KEY);
+      const chosen = models.find((m) => m.id === saved) || models.find((m) => m.state === "loaded") || models[0];
+      ui.modelPicker.replaceChildren(...models.map((model) => {
+        const option = document.createElement("option");
+        option.value = model.id;
+        option.textContent = model.state === "loaded" ? model.id : `${model.id} (${model.state})`;
+        option.dataset.state = model.state;
+        return option;
+      }));
+      if (chosen) ui.modelPicker.value = chosen.id;
+      ui.modelPicker.disabled = models.length < 2;
     } catch {
-      ui.modelName.textContent = "server unreachable";
+      pickerSays("server unreachable");
+    }
+  }
+
+  // Loads the picked model now (POST /models/load), the time it takes shown as it goes.
+  async function pickModel() {
+    const model = ui.modelPicker.value;
+    if (!model) return;
+    localStorage.setItem(MODEL_KEY, model);
+    const picked = ui.modelPicker.selectedOptions[0];
+    if (picked && picked.dataset.state === "loaded") return;
+    const started = performance.now();
+    const progress = () => notice(`Loading ${model}… ${((performance.now() - started) / 1000).toFixed(0)} s`);
+    progress();
+    const timer = setInterval(progress, 500);
+    document.body.dataset.loading = "true";
+    try {
+      const response = await fetch("/models/load", { method: "POST", headers: headers(), body: JSON.stringify({ model }) });
+      if (!response.ok) throw new Error(await errorMessage(response));
+      notice("");
+    } catch (error) {
+      notice(`Loading ${model} failed: ${error.message}`);
+    } finally {
+      clearInterval(timer);
+      delete document.body.dataset.loading;
+      await showModel();
     }
   }
 
@@ -522,6 +568,7 @@
     input.addEventListener("input", saveSettings);
   }
   ui.apiKey.addEventListener("change", () => { saveSettings(); showModel(); });
+  ui.modelPicker.addEventListener("change", pickModel);
   ui.resetSettings.addEventListener("click", () => {
     localStorage.removeItem(SETTINGS_KEY);
     loadSettings();
