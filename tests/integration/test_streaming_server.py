@@ -262,6 +262,25 @@ def test_queue_full_gets_503_and_every_accepted_request_completes(serial_server:
         assert response.json()["error"]["code"] == "queue_full"
 
 
+def test_queue_full_on_ollamas_chat_is_503_in_ollamas_envelope(serial_server: RunningServer) -> None:
+    body = {"model": "qwen2.5-coder:0.5b", "stream": False, "options": {"temperature": 0, "num_predict": 24},
+            "messages": [{"role": "user", "content": "Write a short poem about rivers."}]}
+
+    def send(_: int) -> httpx.Response:
+        return httpx.post(serial_server.url + "/api/chat", json=body, timeout=300)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        responses = list(pool.map(send, range(8)))
+    accepted = [r for r in responses if r.status_code == 200]
+    rejected = [r for r in responses if r.status_code == 503]
+    assert len(accepted) + len(rejected) == 8 and 2 <= len(accepted) < 8
+    for response in accepted:
+        assert response.json()["done"] is True and response.json()["eval_count"] > 0
+    for response in rejected:
+        assert response.headers["retry-after"]
+        assert set(response.json()) == {"error"} and response.json()["error"]
+
+
 def _open_stream_and_leave(url: str, body: dict[str, Any], events_before_leaving: int) -> None:
     with httpx.stream("POST", url + CHAT, json=body, timeout=120) as response:
         assert response.status_code == 200
