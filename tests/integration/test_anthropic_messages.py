@@ -152,3 +152,41 @@ def test_x_api_key_is_a_key_and_refusals_wear_anthropics_envelope(keyed_server: 
     assert httpx.get(keyed_server.url + "/v1/models", headers={"x-api-key": "sk-test"}).status_code == 200
     refused = httpx.get(keyed_server.url + "/v1/models", headers={"x-api-key": "sk-wrong"})
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+
+
+# ---- what Claude Code and the SDK send (issue 37) -------------------------------------------------------------------
+
+
+def test_the_sdk_lists_and_retrieves_models_in_anthropics_shape(claude: anthropic.Anthropic, model_id: str) -> None:
+    listed = claude.models.list()  # the SDK validates Anthropic's shape: type, id, display_name, created_at
+    assert [model.id for model in listed.data] == [model_id]
+    assert listed.data[0].type == "model" and listed.data[0].display_name == model_id
+    assert claude.models.retrieve(model_id).id == model_id
+
+
+def test_a_system_turn_thinking_blocks_and_server_tools_are_read_as_claude_code_sends_them(server: RunningServer,
+                                                                                        model_id: str) -> None:
+    # Claude Code puts a system turn in `messages` (it was "messages.1.role" 400), sends back thinking blocks and
+    # declares server tools beside its own.
+    body = {"model": model_id, "max_tokens": 8, "temperature": 0,
+            "tools": [WEATHER, {"type": "web_search_20250305", "name": "web_search", "max_uses": 3}],
+            "messages": [{"role": "user", "content": "Hello"},
+                         {"role": "system", "content": "Answer in one word."},
+                         {"role": "assistant", "content": [{"type": "thinking", "thinking": "…", "signature": "s"},
+                                                           {"type": "text", "text": "Hi."}]},
+                         {"role": "user", "content": "Say yes."}]}
+    response = httpx.post(server.url + "/v1/messages?beta=true", json=body, timeout=120,
+                          headers={"anthropic-version": "2023-06-01"})
+    assert response.status_code == 200, response.text
+    assert response.json()["content"], response.json()
+    assert response.headers["x-edge-llm-ignored-fields"] == "tools.1"
+
+
+def test_an_image_block_is_a_clear_400_in_anthropics_envelope(claude: anthropic.Anthropic, model_id: str) -> None:
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        claude.messages.create(model=model_id, max_tokens=8, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
+            {"type": "text", "text": "What is this?"}]}])
+    error = refused.value.body["error"]
+    assert error["type"] == "invalid_request_error"
+    assert "image blocks cannot be read: this model reads text only" in error["message"], error

@@ -116,3 +116,20 @@ def test_without_v1_and_a_json_schema_without_schema_is_a_400(server: RunningSer
     assert refused.status_code == 400 and "needs a schema" in refused.json()["error"]["message"]
     body["text"] = {"format": {"type": "text"}}
     assert httpx.post(server.url + "/responses", json=body, timeout=120).json()["output"][0]["type"] == "message"
+
+
+def test_codexs_other_tools_and_items_are_set_aside_and_named(server: RunningServer, model_id: str) -> None:
+    # Codex CLI declares `namespace` and `web_search` tools (it was a 400 "Tools of type ... are not supported") and
+    # sends back reasoning and web_search_call items of earlier turns.
+    body = {"model": model_id, "max_output_tokens": 8, "temperature": 0, "store": False,
+            "tools": [{"type": "function", "name": "shell", "parameters": {"type": "object", "properties": {}}},
+                      {"type": "namespace", "name": "mcp__files", "tools": []}, {"type": "web_search"}],
+            "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+                      {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "opaque"},
+                      {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"type": "search"}},
+                      {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Say yes."}]}]}
+    response = httpx.post(server.url + "/v1/responses", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    assert response.json()["status"] in ("completed", "incomplete")
+    assert set(response.headers["x-edge-llm-ignored-fields"].split(",")) == {"tools.1", "tools.2", "input.2"}
+    assert [tool["name"] for tool in response.json()["tools"]] == ["shell"]

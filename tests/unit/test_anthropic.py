@@ -14,7 +14,14 @@ from pydantic import TypeAdapter, ValidationError
 
 from edge_llm.api.errors import APIError, speaks_anthropic
 from edge_llm.api.middleware import _error_code
-from edge_llm.api.protocol_anthropic import CountTokensRequest, MessagesRequest, stop_reason, tool_input, usage
+from edge_llm.api.protocol_anthropic import (
+    CountTokensRequest,
+    MessagesRequest,
+    set_aside_server_tools,
+    stop_reason,
+    tool_input,
+    usage,
+)
 from edge_llm.api.security import ApiKeyAuth
 from edge_llm.api.serving.messages import _Blocks, tool_use_block
 from edge_llm.api.sse import decode_events
@@ -121,6 +128,32 @@ def test_output_config_format_is_a_schema_and_excludes_a_forced_call() -> None:
 def test_bodies_anthropic_refuses_are_refused(fields: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
         body(**fields)
+
+
+def test_what_claude_code_sends_back_is_read() -> None:
+    # A system turn inside `messages` (Claude Code: "messages.1.role" was a 400), thinking blocks of an earlier
+    # answer (Anthropic requires them sent back), server tools beside client tools.
+    raw = {"model": "m", "max_tokens": 8, "tools": [WEATHER, {"type": "web_search_20250305", "name": "web_search"}],
+           "messages": [
+               {"role": "user", "content": "Weather?"},
+               {"role": "system", "content": [{"type": "text", "text": "Use tools."}]},
+               {"role": "assistant", "content": [{"type": "thinking", "thinking": "hmm", "signature": "s"},
+                                                 {"type": "redacted_thinking", "data": "x"},
+                                                 {"type": "text", "text": "Looking."}]},
+               {"role": "user", "content": "Thanks"}]}
+    assert set_aside_server_tools(raw) == ["tools.1"]
+    request = body(**raw)
+    assert [tool.name for tool in request.active_tools] == ["get_weather"]
+    assert request.to_chat_messages() == [{"role": "user", "content": "Weather?"},
+                                          {"role": "system", "content": "Use tools."},
+                                          {"role": "assistant", "content": "Looking."},
+                                          {"role": "user", "content": "Thanks"}]
+
+
+@pytest.mark.parametrize("kind", ["image", "document"])
+def test_images_and_documents_are_refused_saying_the_model_reads_text_only(kind: str) -> None:
+    with pytest.raises(ValidationError, match=f"{kind} blocks cannot be read: this model reads text only"):
+        body(messages=[{"role": "user", "content": [{"type": kind, "source": {"type": "base64", "data": "x"}}]}])
 
 
 def test_count_tokens_takes_the_prompt_fields_only() -> None:

@@ -12,7 +12,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from edge_llm.api.errors import APIError
 from edge_llm.api.protocol import ChatCompletionRequest
-from edge_llm.api.protocol_responses import ResponsesRequest
+from edge_llm.api.protocol_responses import ResponsesRequest, set_aside_unread
 from edge_llm.api.serving.responses import answer_events, encode, refuse_unsupported
 from edge_llm.api.serving.responses_events import ResponseBuilder
 from edge_llm.api.sse import decode_events
@@ -93,7 +93,6 @@ def test_a_json_schema_format_needs_a_schema() -> None:
 @pytest.mark.parametrize("fields, param", [
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"conversation": "conv_1"}, "conversation"),
-    ({"tools": [WEATHER, {"type": "web_search"}, {"type": "file_search"}]}, "tools"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "other"}}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),
 ])
@@ -101,10 +100,23 @@ def test_what_a_stateless_server_cannot_do_is_a_400_that_says_why(fields: dict[s
     with pytest.raises(APIError) as caught:
         refuse_unsupported(request(input="x", **fields))
     assert (caught.value.status, caught.value.param) == (400, param)
-    if param == "tools":
-        assert "'file_search', 'web_search'" in caught.value.message
     if param == "previous_response_id":
         assert "stores no responses" in caught.value.message
+
+
+def test_other_tools_and_items_are_set_aside_and_named_and_reasoning_is_left_out() -> None:
+    # Codex declares `namespace` and `web_search` tools and sends back the reasoning and web_search_call items of
+    # an earlier turn (codex-rs/core: client_common.rs tools, ResponseItem).
+    raw = {"input": [{"type": "message", "role": "user", "content": "hi"},
+                     {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "x"},
+                     {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {}},
+                     {"type": "message", "role": "assistant", "content": "hello"}],
+           "tools": [{"type": "namespace", "name": "mcp"}, WEATHER, {"type": "web_search"}]}
+    assert set_aside_unread(raw) == ["input.2", "tools.0", "tools.2"]
+    body = request(**raw)
+    refuse_unsupported(body)
+    assert [tool.name for tool in body.tools or []] == [WEATHER["name"]]
+    assert [(m.role, m.content) for m in body.chat_messages()] == [("user", "hi"), ("assistant", "hello")]
 
 
 # ---- the answer ---------------------------------------------------------------------------------

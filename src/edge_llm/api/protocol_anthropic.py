@@ -2,9 +2,12 @@
 conversion to the chat-template messages every chat family renders, the stop_reason mapping and the error
 envelope's shape.
 
-Only what a text model can do is accepted: text, tool_use and tool_result blocks (images and documents are a 400),
-client tools with an input_schema (Anthropic's server tools are a 400). `cache_control` on any block or tool is
-accepted and changes nothing: the prefix cache reuses every shared prefix by itself.
+What a text model can use is read: text, tool_use and tool_result blocks, client tools with an input_schema, system
+turns inside `messages` (Claude Code sends one). `thinking` / `redacted_thinking` blocks sent back from an earlier
+answer are accepted and left out of the prompt; image and document blocks are a 400 saying the model reads text
+only; Anthropic's server tools (typed tools without an input_schema: web search, bash, text editor, …) are set
+aside and reported as ignored. `cache_control` on any block or tool is accepted and changes nothing: the prefix
+cache reuses every shared prefix by itself.
 """
 
 from __future__ import annotations
@@ -54,12 +57,34 @@ class AnthropicToolResultBlock(RequestModel):
         return f"Error: {body}" if self.is_error else body
 
 
-AnthropicContentBlock = Annotated[AnthropicTextBlock | AnthropicToolUseBlock | AnthropicToolResultBlock,
-                                  Field(discriminator="type")]
+class AnthropicThinkingBlock(RequestModel):
+    """An earlier answer's thinking, sent back as Anthropic's API requires: left out of the prompt."""
+
+    type: Literal["thinking", "redacted_thinking"]
+    thinking: str | None = None
+    signature: str | None = None
+    data: str | None = None  # redacted_thinking's
+
+
+class AnthropicMediaBlock(RequestModel):
+    """An image or a document: known, and refused with the reason (the models here read text only)."""
+
+    type: Literal["image", "document"]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, value: Any) -> Any:
+        kind = value.get("type") if isinstance(value, dict) else None
+        raise ValueError(f"{kind} blocks cannot be read: this model reads text only (it has no vision and no "
+                         "document input)")
+
+
+AnthropicContentBlock = Annotated[AnthropicTextBlock | AnthropicToolUseBlock | AnthropicToolResultBlock
+                                  | AnthropicThinkingBlock | AnthropicMediaBlock, Field(discriminator="type")]
 
 
 class AnthropicMessage(RequestModel):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
     content: str | list[AnthropicContentBlock]
 
     @model_validator(mode="after")
@@ -74,7 +99,10 @@ class AnthropicMessage(RequestModel):
         """This message as chat-template messages (OpenAI's shape, which the templates know)."""
         if isinstance(self.content, str):
             return [{"role": self.role, "content": self.content}]
-        if self.role == "assistant":
+        if self.role == "system":
+            return [{"role": "system", "content": "".join(
+                block.text for block in self.content if isinstance(block, AnthropicTextBlock))}]
+        if self.role == "assistant":  # thinking blocks are left out
             message: dict[str, Any] = {"role": "assistant", "content": "".join(
                 block.text for block in self.content if isinstance(block, AnthropicTextBlock))}
             calls = [block for block in self.content if isinstance(block, AnthropicToolUseBlock)]
@@ -117,6 +145,24 @@ class AnthropicTool(RequestModel):
         return {"type": "function", "function": function}
 
 
+def set_aside_server_tools(body: dict[str, Any]) -> list[str]:
+    """Takes Anthropic's server tools (a `type` other than "custom" and no input_schema: web_search_20250305,
+    bash_20250124, text_editor_…, code_execution_…) out of a raw body and returns their paths, to be reported as
+    ignored: they run on Anthropic's side, and this server has none of them."""
+    tools = body.get("tools")
+    if not isinstance(tools, list):
+        return []
+    ignored, kept = [], []
+    for index, tool in enumerate(tools):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if isinstance(kind, str) and kind != "custom" and "input_schema" not in tool:
+            ignored.append(f"tools.{index}")
+        else:
+            kept.append(tool)
+    body["tools"] = kept
+    return ignored
+
+
 class AnthropicToolChoice(RequestModel):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
@@ -156,7 +202,8 @@ class CountTokensRequest(RequestModel):
     def _check_conversation(self) -> CountTokensRequest:
         last = self.messages[-1]
         if last.role == "assistant":  # a prefill: the answer continues its text
-            if not isinstance(last.content, str) and any(block.type != "text" for block in last.content):
+            if not isinstance(last.content, str) and any(block.type not in ("text", "thinking", "redacted_thinking")
+                                                         for block in last.content):
                 raise ValueError("a final assistant message (a prefill) can hold only text")
             text = last.to_chat()[0]["content"]
             if not text or text != text.rstrip():

@@ -3,6 +3,8 @@ error envelope."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from datetime import datetime, timezone
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -30,3 +32,35 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class AnthropicModelInfo(BaseModel):
+    """A model as Anthropic's /v1/models describes one (the anthropic SDKs' ModelInfo)."""
+
+    type: Literal["model"] = "model"
+    id: str
+    display_name: str
+    created_at: str  # RFC 3339
+
+
+class AnthropicModelList(BaseModel):
+    data: list[AnthropicModelInfo]
+    has_more: bool = False
+    first_id: str | None = None
+    last_id: str | None = None
+
+
+def speaks_anthropic_models(headers: Mapping[str, str]) -> bool:
+    """A model listing asked for by an Anthropic client: the SDKs send `anthropic-version` (and `x-api-key`)."""
+    return "anthropic-version" in headers or "x-api-key" in headers
+
+
+def anthropic_models(cards: list[ModelCard]) -> AnthropicModelList:
+    infos = [anthropic_model(card) for card in cards]
+    return AnthropicModelList(data=infos, first_id=infos[0].id if infos else None,
+                              last_id=infos[-1].id if infos else None)
+
+
+def anthropic_model(card: ModelCard) -> AnthropicModelInfo:
+    created = datetime.fromtimestamp(card.created, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return AnthropicModelInfo(id=card.id, display_name=card.id, created_at=created)

@@ -82,16 +82,54 @@ def _item_type(item: Any) -> str | None:
     return item.get("type", "message") if isinstance(item, dict) else getattr(item, "type", None)
 
 
-ITEM_TYPES = ("message", "function_call", "function_call_output")
+class ReasoningItem(_Item):
+    """An earlier answer's reasoning, sent back by clients that chain turns (Codex): a model that does not reason
+    has no use for it, and it is left out of the prompt."""
+
+    type: Literal["reasoning"]
+    summary: list[Any] | None = None
+    content: list[Any] | None = None
+    encrypted_content: str | None = None
+
+
+ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 InputItem = Annotated[
     Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
-    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")] | Annotated[ReasoningItem, Tag("reasoning")],
     Discriminator(_item_type),
 ]
 
 
+def set_aside_unread(body: dict[str, Any]) -> list[str]:
+    """Takes out of a raw body what this server cannot use but a client may well send, and returns its paths (to be
+    reported as ignored): input items of other tools' calls and outputs (web_search_call, local_shell_call, …: their
+    tools are not served here) and tools other than functions (Codex declares `namespace` and `web_search`)."""
+    ignored: list[str] = []
+    items = body.get("input")
+    if isinstance(items, list):
+        kept = []
+        for index, item in enumerate(items):
+            kind = _item_type(item) if isinstance(item, dict) else None
+            if isinstance(kind, str) and kind not in ITEM_TYPES:
+                ignored.append(f"input.{index}")
+            else:
+                kept.append(item)
+        body["input"] = kept
+    tools = body.get("tools")
+    if isinstance(tools, list):
+        kept = []
+        for index, tool in enumerate(tools):
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            if isinstance(kind, str) and kind != "function":
+                ignored.append(f"tools.{index}")
+            else:
+                kept.append(tool)
+        body["tools"] = kept
+    return ignored
+
+
 class ResponsesTool(RequestModel):
-    """A tool as declared; only `function` tools are served (the others are refused by name, in serving)."""
+    """A tool as declared; only `function` tools are served (the others are set aside and reported as ignored)."""
 
     type: str
     name: str | None = None
@@ -222,7 +260,7 @@ class ResponsesRequest(RequestModel):
                     last.tool_calls = [*(last.tool_calls or []), call]
                 else:
                     messages.append(ChatMessage(role="assistant", content=None, tool_calls=[call]))
-            else:
+            elif isinstance(item, FunctionCallOutputItem):
                 messages.append(ChatMessage(role="tool", content=item.text(), tool_call_id=item.call_id))
         return messages
 
@@ -262,5 +300,5 @@ class ResponsesRequest(RequestModel):
         }
 
 
-__all__ = ["FunctionCallItem", "FunctionCallOutputItem", "MessageItem", "ResponsesRequest",
-           "ResponsesTool", "TextFormat"]
+__all__ = ["FunctionCallItem", "FunctionCallOutputItem", "MessageItem", "ReasoningItem", "ResponsesRequest",
+           "ResponsesTool", "TextFormat", "set_aside_unread"]

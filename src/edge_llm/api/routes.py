@@ -9,7 +9,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from edge_llm.api.protocol import ChatCompletion, ChatCompletionRequest, Completion, ErrorResponse
-from edge_llm.api.protocol_models import ModelCard, ModelList
+from edge_llm.api.protocol_models import (
+    AnthropicModelInfo,
+    AnthropicModelList,
+    ModelCard,
+    ModelList,
+    anthropic_model,
+    anthropic_models,
+    speaks_anthropic_models,
+)
 from edge_llm.api.protocol_embeddings import EmbeddingsResponse
 from edge_llm.api.model_routing import with_model
 from edge_llm.api.serving import (
@@ -113,16 +121,21 @@ async def detokenize(request: Request) -> Response:
     return await with_model(request, TokenizationServing, lambda serving: serving.detokenize(request))
 
 
-@router.get("/models", response_model=ModelList, **_UNVERSIONED)
-@router.get("/v1/models", response_model=ModelList)
-async def list_models(request: Request) -> ModelList:
-    return _models(request).list_models()
+@router.get("/models", response_model=ModelList | AnthropicModelList, **_UNVERSIONED)
+@router.get("/v1/models", response_model=ModelList | AnthropicModelList,
+            description="OpenAI's list; Anthropic's shape when the request carries `anthropic-version` or `x-api-key`")
+async def list_models(request: Request) -> ModelList | AnthropicModelList:
+    listing = _models(request).list_models()
+    return anthropic_models(listing.data) if speaks_anthropic_models(request.headers) else listing
 
 
-@router.get("/models/{model_id:path}", response_model=ModelCard, **_UNVERSIONED)
-@router.get("/v1/models/{model_id:path}", response_model=ModelCard, responses={404: {"model": ErrorResponse}})
-async def get_model(model_id: str, request: Request) -> ModelCard:
-    return _models(request).get_model(model_id)
+@router.get("/models/{model_id:path}", response_model=ModelCard | AnthropicModelInfo, **_UNVERSIONED)
+@router.get("/v1/models/{model_id:path}", response_model=ModelCard | AnthropicModelInfo,
+            responses={404: {"model": ErrorResponse}},
+            description="OpenAI's card; Anthropic's shape when the request carries `anthropic-version` or `x-api-key`")
+async def get_model(model_id: str, request: Request) -> ModelCard | AnthropicModelInfo:
+    card = _models(request).get_model(model_id)
+    return anthropic_model(card) if speaks_anthropic_models(request.headers) else card
 
 
 @router.post("/models/load", responses=_ERRORS, openapi_extra=_json_body("ModelLoadRequest"),

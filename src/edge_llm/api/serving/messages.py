@@ -18,10 +18,12 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from edge_llm.api.errors import invalid_request
+from edge_llm.api.params import report_ignored
 from edge_llm.api.protocol_anthropic import (
     CountTokensRequest,
     MessagesRequest,
     new_message_id,
+    set_aside_server_tools,
     stop_reason,
     tool_input,
     tool_use_id,
@@ -42,6 +44,7 @@ class MessagesServing(ChatServing):
         if "max_tokens" not in body:  # Anthropic requires it; say so plainly instead of pydantic's wording
             raise invalid_request("max_tokens: Field required", param="max_tokens",
                                   code="missing_required_parameter")
+        report_ignored(set_aside_server_tools(body))
         anthropic = self.parse(MessagesRequest, body)
         self.check_model(anthropic.model)
         grammar = await self.off_loop(self._grammar, anthropic)
@@ -61,7 +64,9 @@ class MessagesServing(ChatServing):
         return JSONResponse(self._message(generation, result.text, result.finished, names), headers=headers)
 
     async def count_tokens(self, request: Request) -> Response:
-        body = self.parse(CountTokensRequest, await self.json_body(request))
+        raw = await self.json_body(request)
+        report_ignored(set_aside_server_tools(raw))
+        body = self.parse(CountTokensRequest, raw)
         self.check_model(body.model)
         prompt = await self.off_loop(self._build_prompt, body.to_chat_messages(), body.openai_tools(),
                                      continue_final=body.continues_final)

@@ -16,7 +16,8 @@ from fastapi.responses import JSONResponse, Response
 
 from edge_llm.api.errors import invalid_request
 from edge_llm.api.protocol import ChatCompletionRequest
-from edge_llm.api.protocol_responses import FunctionToolChoice, ResponsesRequest
+from edge_llm.api.params import report_ignored
+from edge_llm.api.protocol_responses import FunctionToolChoice, ResponsesRequest, set_aside_unread
 from edge_llm.api.serving.base import Generation, total_usage
 from edge_llm.api.serving.chat import ChatPlan, ChatServing
 from edge_llm.api.serving.responses_events import Event, ResponseBuilder
@@ -43,11 +44,6 @@ def refuse_unsupported(body: ResponsesRequest) -> None:
     if body.background:
         raise invalid_request("'background' responses are not supported: this server stores no responses",
                               param="background", code="unsupported_parameter")
-    others = sorted({tool.type for tool in body.tools or [] if tool.type != "function"})
-    if others:
-        raise invalid_request(f"Tools of type {', '.join(repr(t) for t in others)} are not supported; this server "
-                              "runs function tools only ({\"type\": \"function\", \"name\": ...})",
-                              param="tools", code="unsupported_tool_type")
     names = [tool.name for tool in body.tools or []]
     if not all(names):
         raise invalid_request("A function tool needs a 'name'", param="tools", code="missing_required_parameter")
@@ -62,7 +58,9 @@ class ResponsesServing(ChatServing):
     """A chat family underneath (its prompt builder and grammars); the Responses shapes on top."""
 
     async def responses(self, request: Request) -> Response:
-        body = self.parse(ResponsesRequest, await self.json_body(request))
+        raw = await self.json_body(request)
+        report_ignored(set_aside_unread(raw))
+        body = self.parse(ResponsesRequest, raw)
         self.check_model(body.model)
         refuse_unsupported(body)
         chat = self.parse(ChatCompletionRequest, body.to_chat())
