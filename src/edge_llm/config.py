@@ -249,6 +249,18 @@ class Settings(BaseSettings):
         16384, ge=1024, description="Most bytes of request headers; more get 431."
     )
     max_headers: int = Field(100, ge=8, description="Most request headers; more get 431.")
+    head_timeout: float = Field(
+        30.0, ge=0, description="Seconds a connection gets to send a whole request head (from its opening, or from "
+        "the request's first byte on a kept-alive connection); then a 408 and the connection is closed (0: none)."
+    )
+    body_timeout: float = Field(
+        30.0, ge=0, description="Seconds without a byte while a request body is incomplete; then the connection "
+        "is closed and the request logged as 499 (0: none)."
+    )
+    max_connections: int | None = Field(
+        None, ge=1, description="Most open client connections; more get a 503 with Retry-After and are closed. "
+        "Default and ceiling: the open-file limit (ulimit -n) less 128 descriptors kept for the server itself."
+    )
 
     # Operations
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Logging level.")

@@ -34,6 +34,7 @@ REJECTION_REASONS = (
     "engine_unavailable",
     "model_memory_busy",
 )
+CONNECTION_CLOSE_REASONS = ("head_timeout", "body_timeout", "over_capacity")
 CANCEL_PHASES = ("queued", "prefill", "decode")
 FINISH_REASONS = ("stop", "length", "timeout", "cancelled", "error")
 
@@ -130,6 +131,13 @@ class Metrics:
             "edge_llm_stream_idle_disconnects", "Connections closed because the client stopped reading.",
             registry=r,
         )
+        self.connections_closed = Counter(
+            "edge_llm_connections_closed", "Connections the server closed before a response, by reason: "
+            "head_timeout, body_timeout, over_capacity (--head-timeout, --body-timeout, --max-connections).",
+            ["reason"], registry=r,
+        )
+        for reason in CONNECTION_CLOSE_REASONS:
+            self.connections_closed.labels(reason)
         for reason in REJECTION_REASONS:
             self.rejections.labels(reason)
         for phase in CANCEL_PHASES:

@@ -216,6 +216,8 @@ def _graceful_server(app, settings: Settings):  # type: ignore[no-untyped-def]
 
     import uvicorn
 
+    from edge_llm.api.connections import ConnectionLimits, connection_cap, protocol_class
+
     lifecycle = app.state.lifecycle
 
     class GracefulServer(uvicorn.Server):
@@ -249,11 +251,14 @@ def _graceful_server(app, settings: Settings):  # type: ignore[no-untyped-def]
                 return
             self._loop.call_soon_threadsafe(lifecycle.shutdown, signal.Signals(sig).name)
 
+    limits = ConnectionLimits(settings.head_timeout, settings.body_timeout, connection_cap(settings.max_connections))
     config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
-        http="h11",  # h11 bounds an incomplete request head (HeaderLimit checks complete ones)
+        # h11 bounds an incomplete request head's size (HeaderLimit checks complete ones); the protocol class adds
+        # head/body timeouts and the connection cap
+        http=protocol_class(limits, app.state.metrics.connections_closed),
         h11_max_incomplete_event_size=2 * settings.max_header_bytes,
         log_config=None,
         access_log=False,  # edge_llm.access writes one line per request
