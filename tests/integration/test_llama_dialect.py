@@ -150,3 +150,63 @@ def test_auto_tool_choice_turns_a_bare_call_into_tool_calls(client: openai.OpenA
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     prose = client.chat.completions.create(**{**ask, "messages": [{"role": "user", "content": "Say hello."}]})
     assert prose.choices[0].finish_reason != "tool_calls" or prose.choices[0].message.tool_calls
+
+
+# ---- llama-server's own routes: /completion, /props, /slots (issue 37) ----------------------------------------------
+
+
+def test_completion_answers_as_llama_server_does(server: RunningServer, model_id: str) -> None:
+    # The body of llama.cpp's own tools/server/tests/unit/test_completion.py, with fields its clients add.
+    body = {"prompt": "I believe the meaning of life is", "n_predict": 8, "temperature": 0, "seed": 42,
+            "samplers": ["top_k", "temperature"], "id_slot": -1, "t_max_prompt_ms": 500}
+    response = httpx.post(server.url + "/completion", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["content"] and answer["stop"] is True and answer["model"] == model_id
+    assert 0 < answer["tokens_predicted"] <= 8 and answer["tokens_evaluated"] > 5
+    assert answer["stop_type"] in ("eos", "limit", "word") and answer["truncated"] is False
+    assert answer["timings"]["predicted_n"] == answer["tokens_predicted"]
+    assert set(response.headers["x-edge-llm-ignored-fields"].split(",")) == {"samplers", "id_slot"}
+
+
+def test_completion_streams_data_events_without_done(server: RunningServer) -> None:
+    body = {"prompt": "Count: 1, 2, 3,", "n_predict": 6, "temperature": 0, "stream": True}
+    with httpx.stream("POST", server.url + "/completion", json=body, timeout=120) as response:
+        assert response.status_code == 200
+        lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+    events = [json.loads(line.removeprefix("data: ")) for line in lines]
+    assert all(event["stop"] is False and "content" in event for event in events[:-1])
+    assert events[-1]["stop"] is True and events[-1]["tokens_predicted"] <= 6
+    assert "".join(event["content"] for event in events[:-1])
+
+
+def test_completion_takes_token_ids_and_mixed_prompts(server: RunningServer) -> None:
+    def tokenize(text: str) -> list[int]:
+        return httpx.post(server.url + "/tokenize", json={"content": text}, timeout=30).json()["tokens"]
+
+    ids = tokenize("The capital of France is")
+    by_ids = httpx.post(server.url + "/completion", json={"prompt": ids, "n_predict": 2, "temperature": 0},
+                        timeout=120).json()
+    assert by_ids["tokens_evaluated"] == len(ids)
+    mixed = httpx.post(server.url + "/completion", timeout=120,
+                       json={"prompt": [*ids, " and the capital of Italy is"], "n_predict": 2, "temperature": 0}).json()
+    assert mixed["tokens_evaluated"] == len(ids) + len(tokenize(" and the capital of Italy is"))
+    outside = httpx.post(server.url + "/completion", json={"prompt": [10**9], "n_predict": 2}, timeout=60)
+    assert outside.status_code == 400 and outside.json()["error"]["param"] == "prompt.0"
+
+
+def test_completion_follows_a_grammar(server: RunningServer) -> None:
+    answer = httpx.post(server.url + "/completion", timeout=120, json={
+        "prompt": "Is the sky blue? Answer:", "n_predict": 4, "grammar": 'root ::= " yes" | " no"'}).json()
+    assert answer["content"] in (" yes", " no"), answer
+
+
+def test_props_and_slots_answer_what_llama_servers_clients_read(server: RunningServer, model_id: str) -> None:
+    props = httpx.get(server.url + "/props", timeout=60).json()
+    assert props["default_generation_settings"]["n_ctx"] > 0 and props["total_slots"] >= 1
+    assert props["model_alias"] == model_id and props["model_path"].endswith(".gguf")
+    assert "<|im_start|>" in props["chat_template"] and props["eos_token"] == "<|im_end|>"
+    assert props["modalities"] == {"vision": False, "video": False, "audio": False}
+    assert props["build_info"].startswith("edge-llm ")
+    slots = httpx.get(server.url + "/slots", timeout=60)
+    assert slots.status_code == 501 and "does not support slots" in slots.json()["error"]["message"]

@@ -44,6 +44,8 @@ OPERATIONS = [
     ("POST", "/v1/messages/count_tokens"),
     ("POST", "/v1/responses"),
     ("POST", "/infill"),
+    ("POST", "/completion"),
+    ("GET", "/props"),
     ("POST", "/v1/embeddings"),
     ("POST", "/tokenize"),
     ("POST", "/detokenize"),
@@ -143,7 +145,9 @@ def check_answer(path: str, status: int, headers: dict[str, str], body: bytes, w
             f"{where}: the stream did not end properly: {body[-300:]!r}"
     elif content_type.startswith("application/x-ndjson"):
         # Ollama's streams: one JSON object a line, the last one `done`, a pull's success, or an error.
-        lines = [json.loads(line) for line in body.decode("utf-8").splitlines()]
+        # Split on "\n" only, as Ollama's clients do: str.splitlines() would also split inside a string holding
+        # U+2028 (text beyond ASCII is written as is).
+        lines = [json.loads(line) for line in body.decode("utf-8").split("\n") if line]
         assert lines and (lines[-1].get("done") is True or lines[-1].get("status") == "success"
                           or lines[-1].get("error")), \
             f"{where}: the stream did not end properly: {body[-300:]!r}"

@@ -25,7 +25,7 @@ from edge_llm.api.protocol import ChatCompletionRequest, CompletionRequest, Simp
 from edge_llm.api.protocol_models import ModelLoadRequest
 from edge_llm.api.protocol_ollama_models import CopyRequest, DeleteRequest, PullRequest, ShowRequest
 from edge_llm.api.protocol_tokenization import DetokenizeRequest, TokenizeRequest
-from edge_llm.api.protocol_llama import InfillRequest
+from edge_llm.api.protocol_llama import InfillRequest, NativeCompletionRequest
 from edge_llm.api.protocol_responses import ResponsesRequest
 from edge_llm.api.protocol_embeddings import EmbeddingsRequest
 from edge_llm.api.protocol_anthropic import CountTokensRequest, MessagesRequest
@@ -187,7 +187,7 @@ def _document_request_schemas(app: FastAPI) -> None:
         if app.openapi_schema is None:
             schema = original()
             components = schema.setdefault("components", {}).setdefault("schemas", {})
-            for model in (ChatCompletionRequest, SimplePromptRequest, CompletionRequest, InfillRequest,
+            for model in (ChatCompletionRequest, SimplePromptRequest, CompletionRequest, InfillRequest, NativeCompletionRequest,
                           TokenizeRequest, DetokenizeRequest, MessagesRequest, CountTokensRequest, ResponsesRequest,
                           EmbeddingsRequest, ModelLoadRequest, OllamaChatRequest, OllamaGenerateRequest,
                           OllamaEmbedRequest, OllamaEmbeddingsRequest):

@@ -42,13 +42,11 @@ class ExtraChunk(RequestModel):
     filename: str = Field("tmp", max_length=1024)
 
 
-class InfillRequest(RequestModel):
+class NativeGeneration(RequestModel):
+    """What llama-server's own generation routes (/infill, /completion) share."""
+
     model: str | None = None
-    input_prefix: str
-    input_suffix: str
-    input_extra: list[ExtraChunk] = Field(default_factory=list, max_length=MAX_EXTRA_FILES)
-    prompt: str = ""  # text placed after the prefix, at the cursor (llama.vim sends the typed part of the line)
-    n_predict: int = Field(-1, ge=-1)  # -1: until the middle ends or the context is full
+    n_predict: int = Field(-1, ge=-1)  # -1: until the answer ends or the context is full
     max_tokens: int | None = Field(None, ge=1)  # an alias of n_predict, as llama-server accepts
     n_indent: int = Field(0, ge=0, le=1024)
     t_max_predict_ms: float = Field(0, ge=0)
@@ -64,6 +62,7 @@ class InfillRequest(RequestModel):
     cache_prompt: bool = True  # false: this request neither reuses nor leaves a prefix-cache entry
     speculative: bool = True  # false: no speculative decoding for this request (see --speculative)
     response_fields: list[str] | None = Field(None, max_length=64)
+    input_suffix: str = ""  # /infill's text after the cursor; a completion has none
 
     @field_validator("stop")
     @classmethod
@@ -84,7 +83,7 @@ class InfillRequest(RequestModel):
             return 1  # the prompt's KV stays in the prefix cache; the one token is not sent
         return None if self.n_predict == -1 else self.n_predict
 
-    def sampling_params(self, defaults: SamplingDefaults) -> SamplingParams:
+    def sampling_params(self, defaults: SamplingDefaults, grammar: str | None = None) -> SamplingParams:
         return SamplingParams(
             temperature=defaults.temperature if self.temperature is None else self.temperature,
             top_p=defaults.top_p if self.top_p is None else self.top_p,
@@ -92,4 +91,27 @@ class InfillRequest(RequestModel):
             min_p=self.min_p or 0.0,
             seed=None if self.seed is None or self.seed < 0 else self.seed & 0xFFFFFFFF,
             repeat_penalty=self.repeat_penalty or 1.0,
+            grammar=grammar,
         )
+
+
+class InfillRequest(NativeGeneration):
+    input_prefix: str
+    input_suffix: str
+    input_extra: list[ExtraChunk] = Field(default_factory=list, max_length=MAX_EXTRA_FILES)
+    prompt: str = ""  # text placed after the prefix, at the cursor (llama.vim sends the typed part of the line)
+
+
+class NativeCompletionRequest(NativeGeneration):
+    """llama-server's POST /completion: a raw prompt (text, token ids, or both mixed), no chat template."""
+
+    prompt: str | list[int | str] = Field(min_length=1)
+    grammar: str | None = Field(None, min_length=1)
+    json_schema: dict[str, Any] | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _not_empty(cls, value: str | list[int | str]) -> str | list[int | str]:
+        if isinstance(value, str) and not value:
+            raise ValueError("the prompt must not be empty")
+        return value

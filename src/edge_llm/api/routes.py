@@ -8,6 +8,7 @@ from typing import Any, cast
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from edge_llm.api.errors import APIError
 from edge_llm.api.protocol import ChatCompletion, ChatCompletionRequest, Completion, ErrorResponse
 from edge_llm.api.protocol_models import (
     AnthropicModelInfo,
@@ -25,6 +26,7 @@ from edge_llm.api.serving import (
     CompletionServing,
     EmbeddingServing,
     InfillServing,
+    NativeServing,
     ResponsesServing,
     TokenizationServing,
 )
@@ -87,6 +89,31 @@ async def completions(request: Request) -> Response:
 )
 async def infill(request: Request) -> Response:
     return await with_model(request, InfillServing, lambda serving: serving.infill(request))
+
+
+@router.post(
+    "/completion",
+    responses={**_ERRORS, 200: {"content": {"text/event-stream": {}}}},
+    openapi_extra=_json_body("NativeCompletionRequest"),
+    summary="llama-server's /completion: a raw prompt (text, token ids or both), its answer and stream",
+)
+async def native_completion(request: Request) -> Response:
+    return await with_model(request, NativeServing, lambda serving: serving.completion(request))
+
+
+@router.get("/props", summary="llama-server's /props: the model, its context, template and default settings")
+async def props(request: Request) -> Response:
+    return await with_model(request, NativeServing, lambda serving: _answer(serving.props()))
+
+
+@router.get("/slots", include_in_schema=False)  # not offered: always 501, as llama-server answers without --slots
+async def slots(request: Request) -> Response:
+    raise APIError(501, "This server does not support slots endpoint: it runs sequences in one continuous batch, "
+                   "not in fixed slots (the figures are in /metrics)", code="not_supported")
+
+
+async def _answer(content: dict[str, Any]) -> Response:
+    return JSONResponse(content)
 
 
 @router.post("/embeddings", **_UNVERSIONED)

@@ -14,6 +14,7 @@ from edge_llm.api.serving.completions import CompletionServing
 from edge_llm.api.serving.embeddings import EmbeddingServing
 from edge_llm.api.serving.infill import InfillServing
 from edge_llm.api.serving.messages import MessagesServing
+from edge_llm.api.serving.native import NativeServing
 from edge_llm.api.serving.ollama import OllamaServing
 from edge_llm.api.serving.ollama_embed import OllamaEmbedServing
 from edge_llm.api.serving.responses import ResponsesServing
@@ -24,7 +25,7 @@ from edge_llm.engine.facade import EngineClient
 # The families served by one model's engine; ModelServing (/v1/models, load, unload) serves the registry.
 FAMILIES: tuple[type[Serving], ...] = (ChatServing, MessagesServing, CompletionServing, InfillServing,
                                        EmbeddingServing, TokenizationServing, ResponsesServing, OllamaServing,
-                                       OllamaEmbedServing)
+                                       OllamaEmbedServing, NativeServing)
 
 
 def build_serving(settings: Settings, engine: EngineClient,
@@ -34,5 +35,5 @@ def build_serving(settings: Settings, engine: EngineClient,
 
 
 __all__ = ["FAMILIES", "ChatServing", "CompletionServing", "EmbeddingServing", "InfillServing", "MessagesServing",
-           "OllamaEmbedServing", "OllamaServing", "ResponsesServing", "Serving", "TokenizationServing",
+           "NativeServing", "OllamaEmbedServing", "OllamaServing", "ResponsesServing", "Serving", "TokenizationServing",
            "build_serving"]

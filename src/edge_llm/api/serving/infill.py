@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from edge_llm.api.protocol_llama import InfillRequest
+from edge_llm.api.protocol_llama import InfillRequest, NativeGeneration
 from edge_llm.api.serving.base import Generation, Serving, error_body, failure_error
 from edge_llm.api.sse import encode_json_event
 from edge_llm.engine.types import Failed, Finished, FinishReason, TextDelta
@@ -52,6 +52,11 @@ class InfillServing(Serving):
                                 stop=tuple(body.stop) + suffix_echo_stop(body.input_suffix), logprobs=None,
                                 cache_prompt=body.cache_prompt, fill_in_the_middle=True,
                                 speculative=body.speculative)
+        return await self.answer(request, generation, body)
+
+    async def answer(self, request: Request, generation: Generation, body: NativeGeneration) -> Response:
+        """llama-server's answer to its own routes: streamed `data:` events or one object, the editor rules
+        (`n_indent`, `t_max_predict_ms`) applied."""
         headers = self.headers(generation)
         cut = EditorCut(body.n_indent, body.t_max_predict_ms, body.input_suffix)
         if body.stream:
@@ -61,7 +66,7 @@ class InfillServing(Serving):
 
     # ---- the answer as it streams ---------------------------------------------------------------
 
-    async def _pieces(self, generation: Generation, body: InfillRequest, cut: EditorCut,
+    async def _pieces(self, generation: Generation, body: NativeGeneration, cut: EditorCut,
                       progress: _Progress) -> AsyncIterator[str]:
         """The content as it may be sent, after the editor rules; `progress` has how it ended."""
         started = 0.0  # the first token's arrival: t_max_predict_ms counts generation time, as llama-server does
@@ -88,7 +93,7 @@ class InfillServing(Serving):
             elif isinstance(event, Failed):
                 raise _Failure(event)
 
-    async def _drain(self, generation: Generation, body: InfillRequest, cut: EditorCut) -> _Progress:
+    async def _drain(self, generation: Generation, body: NativeGeneration, cut: EditorCut) -> _Progress:
         progress = _Progress()
         try:
             async for _ in self._pieces(generation, body, cut, progress):
@@ -98,7 +103,7 @@ class InfillServing(Serving):
             raise failure_error(failure.failed) from None
         return progress
 
-    async def _events(self, generation: Generation, body: InfillRequest, cut: EditorCut) -> AsyncIterator[bytes]:
+    async def _events(self, generation: Generation, body: NativeGeneration, cut: EditorCut) -> AsyncIterator[bytes]:
         progress = _Progress()
         prompt_tokens = generation.prompt_lengths[0]
         try:
@@ -110,7 +115,7 @@ class InfillServing(Serving):
             return
         yield encode_json_event(self._final(generation, body, progress, streamed=True))
 
-    def _final(self, generation: Generation, body: InfillRequest, progress: _Progress, *,
+    def _final(self, generation: Generation, body: NativeGeneration, progress: _Progress, *,
                streamed: bool = False) -> dict[str, Any]:
         finished = progress.finished
         prompt_tokens = generation.prompt_lengths[0]
