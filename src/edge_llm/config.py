@@ -268,6 +268,11 @@ class Settings(BaseSettings):
     log_prompts: bool = Field(
         False, description="Put prompts and outputs into the access log lines (off: they are never logged)."
     )
+    watchdog_seconds: float = Field(
+        60.0, ge=0, description="A decode step of the engine thread, or a tokenize/template/grammar job of the "
+        "tokenizer thread, running longer than this is reported: a warning naming its requests, "
+        "edge_llm_watchdog_stalls_total, and /readyz 503 \"degraded\" (/healthz says so too) until it ends (0: off)."
+    )
     drain_timeout: float = Field(
         30.0, ge=0, description="On SIGTERM/SIGINT, seconds running requests get to finish before they are cancelled."
     )

@@ -19,6 +19,7 @@ from edge_llm.engine.types import (
     GenerationRequest,
     QueueFullError,
 )
+from edge_llm.engine.watchdog import Watchdog
 
 
 class FakeVocabulary:
@@ -40,6 +41,7 @@ class FakeEngine:
         self.ready = True
         self.failure: BaseException | None = None
         self.queue_capacity = capacity
+        self.watchdog = Watchdog("engine", None)
         self.waiting = 0
         self.submitted: list[tuple[str, Any]] = []
         self.aborted: list[str] = []

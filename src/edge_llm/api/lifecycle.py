@@ -54,7 +54,10 @@ class Lifecycle:
     def readiness(self) -> tuple[bool, str]:
         if self.draining:
             return False, "draining"
-        return self.registry.readiness()
+        ready, status = self.registry.readiness()
+        if ready and self.registry.stall() is not None:
+            return False, "degraded"  # a thread is stuck past --watchdog-seconds: send work elsewhere meanwhile
+        return ready, status
 
     # ---- shutdown (event loop only) ----------------------------------------------------------
 

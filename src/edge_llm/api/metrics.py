@@ -257,6 +257,10 @@ class _LiveCollector(Collector):
             for event in ("saved", "loaded", "rejected", "evicted", "evicted_before_save"):
                 events.add_metric([event], disk[event])
             yield events
+        yield CounterMetricFamily("edge_llm_watchdog_stalls", "Decode steps and tokenizer-thread jobs that ran past "
+                                  "--watchdog-seconds.", value=stats.watchdog_stalls)
+        yield gauge("edge_llm_stalled_threads", "Engine or tokenizer threads on a job past --watchdog-seconds now "
+                    "(/readyz is 503 \"degraded\" meanwhile).", stats.stalled_threads)
         yield CounterMetricFamily("edge_llm_preemptions", "Running sequences put back in the queue to free KV "
                                   "cells (they resume by recomputing).", value=stats.preemptions)
         yield CounterMetricFamily("edge_llm_aborted_steps", "Decode steps stopped part-way because every request "

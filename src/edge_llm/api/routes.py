@@ -183,7 +183,11 @@ async def healthz(request: Request) -> JSONResponse:
     registry = _registry(request)
     alive, status = registry.health()
     if alive:
-        return JSONResponse({"status": status, "model_loaded": bool(registry.loaded_clients())})
+        body: dict[str, Any] = {"status": status, "model_loaded": bool(registry.loaded_clients())}
+        stall = registry.stall()
+        if stall is not None:  # alive (not to be restarted) but slow: /readyz is 503 meanwhile
+            body.update(status="degraded", reason=stall)
+        return JSONResponse(body)
     return JSONResponse({"status": status}, status_code=503)
 
 
@@ -192,6 +196,8 @@ async def readyz(request: Request) -> JSONResponse:
     ready, status = request.app.state.lifecycle.readiness()
     body: dict[str, Any] = {"status": status}
     registry = _registry(request)
+    if status == "degraded":
+        body["reason"] = registry.stall()
     if registry.on_demand:
         body["models"] = {entry.name: entry.state.value for entry in registry.entries}
     return JSONResponse(body, status_code=200 if ready else 503)

@@ -291,6 +291,7 @@ def _engine_factory(settings: Settings):  # type: ignore[no-untyped-def]
             speculative=settings.speculative == "ngram",
             kv_bytes_per_cell=_kv_bytes_per_cell(settings, spec.path),
             disk_cache=_disk_cache(settings, spec.path, spec.name),
+            watchdog_seconds=settings.watchdog_seconds,
         ))
 
     return make

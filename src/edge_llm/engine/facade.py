@@ -19,7 +19,7 @@ thread (`in_tokenizer_thread`), so neither the event loop nor the engine waits o
 from __future__ import annotations
 
 import asyncio
-import functools
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +36,9 @@ from edge_llm.engine.types import (
     GenerationRequest,
     ModelInfo,
 )
+from edge_llm.engine.watchdog import Watchdog
 from edge_llm.engine.worker import Engine
+from edge_llm.logs import current_request_id
 
 __all__ = ["EngineClient", "GrammarError", "ReplyChannel"]
 
@@ -65,6 +67,7 @@ class EngineClient:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._tokenizer_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edge-llm-tokenizer")
+        self._tokenizer_watchdog = Watchdog("tokenizer", engine.watchdog.limit)
         # The tokenizer thread reads the model that the engine thread frees when it ends (a stop, a crash):
         # the engine runs this first, on its own thread, before it frees the model.
         engine.add_close_hook(self._close_tokenizer)
@@ -103,6 +106,7 @@ class EngineClient:
         # Queued tasks still run (the model is not freed yet): a cancelled one would raise CancelledError into
         # a request that was not cancelled. Later ones are refused (`in_tokenizer_thread`).
         self._tokenizer_pool.shutdown(wait=True)
+        self._tokenizer_watchdog.close()
 
     # ---- health --------------------------------------------------------------------------------
 
@@ -146,7 +150,15 @@ class EngineClient:
         return True, "ready"
 
     def stats(self) -> EngineStats:
-        return self._engine.stats()
+        stats = self._engine.stats()
+        watchdog = self._tokenizer_watchdog
+        return dataclasses.replace(stats, watchdog_stalls=stats.watchdog_stalls + watchdog.stalls,
+                                   stalled_threads=stats.stalled_threads + (watchdog.stall() is not None))
+
+    def stall(self) -> str | None:
+        """What the watchdog (--watchdog-seconds) sees stuck now, in words: a step of the engine thread or a job
+        of the tokenizer thread running past its limit; None when neither is."""
+        return self._engine.watchdog.stall() or self._tokenizer_watchdog.stall()
 
     # ---- generation ----------------------------------------------------------------------------
 
@@ -207,8 +219,19 @@ class EngineClient:
         or the thread is closed (the engine is stopping)."""
         self._model()
         loop = asyncio.get_running_loop()
+        watchdog = self._tokenizer_watchdog
+        request_ids = [request_id] if (request_id := current_request_id()) else []
+        what = getattr(function, "__name__", "job")
+
+        def job() -> T:
+            watchdog.begin(what, lambda: request_ids)
+            try:
+                return function(*args, **kwargs)
+            finally:
+                watchdog.end()
+
         try:
-            pending = loop.run_in_executor(self._tokenizer_pool, functools.partial(function, *args, **kwargs))
+            pending = loop.run_in_executor(self._tokenizer_pool, job)
         except RuntimeError:  # the pool is shut down: the engine is stopping
             raise EngineUnavailableError("The inference engine is not running") from None
         return await pending

@@ -127,6 +127,8 @@ class EngineStats:
     accepted_by_position: tuple[int, ...] = ()  # … and accepted there
     kv_bytes_per_cell: int = 0  # K and V of one cell in every layer, in the cache's types (0: unknown)
     disk_cache: dict[str, Any] | None = None  # the persistent prefix cache's figures (engine/prefix_disk.py), if on
+    watchdog_stalls: int = 0  # since start: steps or tokenizer jobs that ran past --watchdog-seconds
+    stalled_threads: int = 0  # engine or tokenizer threads on such a job now
 
     @staticmethod
     def total(snapshots: Sequence[EngineStats]) -> EngineStats:

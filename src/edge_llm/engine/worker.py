@@ -44,6 +44,7 @@ from edge_llm.engine.types import (
     TokenLogprob,
     Usage,
 )
+from edge_llm.engine.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +66,10 @@ class Engine:
         speculative: bool = False,
         kv_bytes_per_cell: int = 0,
         disk_cache: DiskPrefixCache | None = None,
+        watchdog_seconds: float | None = None,
     ) -> None:
         self._runner_factory = runner_factory
+        self.watchdog = Watchdog("engine", watchdog_seconds)  # a step past the limit is reported (engine/watchdog.py)
         self.request_timeout = request_timeout
         self.observer = observer
         self._keep_text = keep_text
@@ -195,6 +198,8 @@ class Engine:
             **scheduler.speculation.figures(),
             kv_bytes_per_cell=self.kv_bytes_per_cell,
             disk_cache=self._disk.stats() if self._disk is not None else None,
+            watchdog_stalls=self.watchdog.stalls,
+            stalled_threads=int(self.watchdog.stall() is not None),
         )
 
     # ---- the engine thread ------------------------------------------------------------------
@@ -219,6 +224,7 @@ class Engine:
                 error = exc
         # Not ready from here on, before anyone waiting hears why; and once _closed is set under the lock
         # submit raises, so the sweep below is the final drain of the inbox.
+        self.watchdog.close()
         self.failure = error
         with self._lock:
             self._stopped = True
@@ -248,6 +254,7 @@ class Engine:
             if saving and scheduler.idle():  # nothing came in: a save's copy cannot delay anyone's step
                 self._disk.save_one_pending(scheduler, self.runner)
                 continue
+            self.watchdog.begin("step", self._running_ids)
             if self.request_timeout is not None and self._active:
                 self._expire(time.monotonic())
             self._outbox.flush()  # cancellations and refusals at once, not a step later (a no-op when none)
@@ -286,6 +293,11 @@ class Engine:
                 if answered is not None:
                     with self._lock:
                         self._waiting_ids.discard(answered)
+            self.watchdog.end()
+
+    def _running_ids(self) -> list[str]:
+        """The requests of the step in progress (called by the watchdog thread when a step is late)."""
+        return [sequence.request_id for sequence in list(self._scheduler.running)]
 
     def _report_prefill(self, plan: StepPlan) -> None:
         """Each prompt longer than a step whose prefill this step moved but did not end: its progress, for streams

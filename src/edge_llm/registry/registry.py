@@ -460,6 +460,14 @@ class ModelRegistry:
                 return False, "engine_dead"
         return True, "ok"
 
+    def stall(self) -> str | None:
+        """What a loaded model's watchdog sees stuck now (engine/watchdog.py), in words, or None."""
+        for name, client in self.loaded_clients():
+            stall = client.stall()
+            if stall is not None:
+                return f"{name}: {stall}" if self.on_demand else stall
+        return None
+
     def readiness(self) -> tuple[bool, str]:
         """With one model served from start-up: its engine's readiness ("loading" until it is loaded). Serving on
         demand: ready while the server accepts work, whatever is loaded (a request loads its model)."""
