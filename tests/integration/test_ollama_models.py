@@ -66,7 +66,10 @@ def test_list_shows_the_served_model_with_ollamas_fields(server: RunningServer) 
 def test_show_reports_the_gguf_facts_template_and_capabilities(server: RunningServer) -> None:
     shown = client(server).show("qwen2.5-coder:0.5b")
     assert shown.capabilities == ["completion", "tools", "insert"]
-    assert shown.template and "<|im_start|>" in shown.template
+    assert shown.template and "<|im_start|>" in shown.template  # the GGUF's chat template
+    # Continue decides FIM support by ".Suffix" in the template: the FIM layout leads it, with the model's tokens
+    assert shown.template.startswith("{{- if .Suffix }}<|fim_prefix|>{{ .Prompt }}<|fim_suffix|>{{ .Suffix }}"
+                                     "<|fim_middle|>")
     assert shown.modelinfo is not None
     info = shown.modelinfo
     assert info["general.architecture"] == "qwen2" and info["qwen2.context_length"] == 32768
@@ -150,7 +153,9 @@ def test_list_shows_every_model_the_directory_serves_loaded_or_not(models_server
     listed = {model.model: model for model in client(models_server).list().models}
     assert set(listed) >= {QWEN, GEMMA}
     assert listed[GEMMA].digest == GEMMA_3_270M.sha256 and listed[GEMMA].details.family == "gemma3"
-    assert client(models_server).show(GEMMA).capabilities == ["completion"]  # a base model: no tools, no FIM
+    shown = client(models_server).show(GEMMA)
+    assert shown.capabilities == ["completion"]  # a base model: no tools, no FIM
+    assert ".Suffix" not in (shown.template or "")
 
 
 def test_copy_gives_a_name_that_every_family_serves_and_delete_forgets_it(models_server: RunningServer) -> None:

@@ -1,5 +1,5 @@
-"""Whether a GGUF model has fill-in-the-middle tokens, read from its header without loading it (Ollama's `insert`
-capability in /api/show, for a model not loaded yet).
+"""A GGUF model's fill-in-the-middle tokens, read from its header without loading it (Ollama's `insert`
+capability and the `.Suffix` template in /api/show, for a model not loaded yet).
 
 llama.cpp takes the FIM tokens from the header's token ids when they are given, else finds them in the vocabulary
 by their text (llama-vocab.cpp, "find FIM_PRE token" and the like): the same texts are looked for here, as
@@ -26,20 +26,32 @@ _TEXTS = (
 )
 
 
-def has_fim_tokens(facts: ModelFacts) -> bool:
-    """A prefix, a suffix and a middle token, each by id in the header or by text in the vocabulary."""
-    needed = [texts for keys, texts in zip(_ID_KEYS, _TEXTS)
-              if not any(isinstance(facts.metadata.get(key), int) for key in keys)]
-    if not needed:
-        return True
+_LABELS = ("[FIM_PRE]", "[FIM_SUF]", "[FIM_MID]")  # for a token given by id whose text is none of the known ones
+
+
+def fim_texts(facts: ModelFacts) -> tuple[str, str, str] | None:
+    """The prefix, suffix and middle tokens' texts, each found in the vocabulary by its known text or given by id
+    in the header (then labelled); None when one of the three is missing."""
     tokens = facts.metadata.get("tokenizer.ggml.tokens")
-    if not isinstance(tokens, ArrayValue) or tokens.item_type != "STRING" or tokens.span[1] <= tokens.span[0]:
-        return False
+    found: list[str] = []
     try:
         with facts.path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as buffer:
-            return all(any(buffer.find(_encoded(text), *tokens.span) >= 0 for text in texts) for texts in needed)
+            for keys, texts, label in zip(_ID_KEYS, _TEXTS, _LABELS):
+                text = _first_in(buffer, tokens, texts)
+                if text is None and any(isinstance(facts.metadata.get(key), int) for key in keys):
+                    text = label
+                if text is None:
+                    return None
+                found.append(text)
     except (OSError, ValueError):
-        return False
+        return None
+    return found[0], found[1], found[2]
+
+
+def _first_in(buffer: mmap.mmap, tokens: object, texts: tuple[str, ...]) -> str | None:
+    if not isinstance(tokens, ArrayValue) or tokens.item_type != "STRING" or tokens.span[1] <= tokens.span[0]:
+        return None
+    return next((text for text in texts if buffer.find(_encoded(text), *tokens.span) >= 0), None)
 
 
 def _encoded(text: str) -> bytes:

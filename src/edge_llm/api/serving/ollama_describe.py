@@ -107,6 +107,19 @@ def capabilities(facts: ModelFacts, has_fim: bool) -> list[str]:
     return found
 
 
+def template(facts: ModelFacts, fim: tuple[str, str, str] | None) -> str:
+    """The model's chat template; for a model with fill-in-the-middle tokens, led by the FIM layout in Ollama's
+    template language, as Ollama's templates for coder models are: clients decide FIM support by `.Suffix` in it
+    (Continue). The chat part stays the GGUF's Jinja text: it is shown, never executed by a client."""
+    chat = facts.metadata.get("tokenizer.chat_template")
+    chat = chat if isinstance(chat, str) else ""
+    if fim is None:
+        return chat
+    prefix, suffix, middle = fim
+    return (f"{{{{- if .Suffix }}}}{prefix}{{{{ .Prompt }}}}{suffix}{{{{ .Suffix }}}}{middle}\n"
+            f"{{{{- else }}}}{chat}{{{{- end }}}}")
+
+
 def parameters(settings: Settings) -> dict[str, Any]:
     """The defaults a request that sets none gets here, by Ollama's option names."""
     values: dict[str, Any] = {"num_ctx": settings.sequence_context, "num_predict": settings.default_max_tokens,

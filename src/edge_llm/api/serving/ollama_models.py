@@ -35,11 +35,13 @@ from edge_llm.config import Settings
 from edge_llm.models.catalogue import CATALOGUE
 from edge_llm.models.digest import DigestCache, FileVersion, file_version
 from edge_llm.models.gguf_info import GGUFInfoError, ModelFacts, read_model_facts
-from edge_llm.models.gguf_tokens import has_fim_tokens
+from edge_llm.models.gguf_tokens import fim_texts
 from edge_llm.registry.names import NameTaken, tagged
 from edge_llm.registry.registry import ModelEntry, ModelRegistry, ModelState, UnknownModelError
 
 logger = logging.getLogger(__name__)
+
+FimTexts = tuple[str, str, str] | None
 
 # The Ollama version /api/version reports: clients check a minimum (VS Code Copilot Chat wants 0.6.4 or later);
 # 0.9.0 is the release whose API (`think`, tool calls in streams, structured outputs) the /api routes follow.
@@ -56,7 +58,7 @@ class OllamaModelServing:
         self.settings = settings
         self.registry = registry
         self.digests = DigestCache()
-        self._headers: dict[FileVersion, tuple[ModelFacts, bool]] = {}
+        self._headers: dict[FileVersion, tuple[ModelFacts, FimTexts]] = {}
 
     # ---- reading -----------------------------------------------------------------------------------
 
@@ -80,21 +82,20 @@ class OllamaModelServing:
         if not wanted:
             raise APIError(400, "model is required", param="model")
         entry = self._entry(wanted)
-        facts, has_fim = await self._header(entry.spec.path)
+        facts, fim = await self._header(entry.spec.path)
         info = describe.model_info(await asyncio.to_thread(read_model_facts, entry.spec.path, max_keep=None)
                                    if body.verbose else facts, verbose=body.verbose)
         if request.headers.get("user-agent", "").startswith(COPILOT_CHAT_AGENT):
             info["general.basename"] = wanted  # as Ollama does: Copilot shows general.basename as the model's name
         values = describe.parameters(self.settings)
-        template = facts.metadata.get("tokenizer.chat_template")
         answer = ShowResponse(
             license=_text(facts.metadata.get("general.license")),
             modelfile=describe.modelfile(entry.spec.ollama_name, facts, values),
             parameters=describe.parameters_text(values),
-            template=template if isinstance(template, str) else "",
+            template=describe.template(facts, fim),
             details=describe.details(facts.architecture, facts.parameter_count, facts.quantization),
             model_info=info,
-            capabilities=describe.capabilities(facts, has_fim),
+            capabilities=describe.capabilities(facts, fim is not None),
             modified_at=describe.file_time(file_version(entry.spec.path)[2]),
         )
         return ollama_json(answer)
@@ -190,7 +191,7 @@ class OllamaModelServing:
         flag = self.settings.model.absolute()
         return flag == path or (flag.exists() and path.exists() and flag.samefile(path))
 
-    async def _header(self, path: Path) -> tuple[ModelFacts, bool]:
+    async def _header(self, path: Path) -> tuple[ModelFacts, FimTexts]:
         try:
             version = file_version(path)
             known = self._headers.get(version)
@@ -215,9 +216,9 @@ class OllamaModelServing:
         return entry.keep_alive if entry.keep_alive is not None else None
 
 
-def _read_header(path: Path) -> tuple[ModelFacts, bool]:
+def _read_header(path: Path) -> tuple[ModelFacts, FimTexts]:
     facts = read_model_facts(path)
-    return facts, has_fim_tokens(facts)
+    return facts, fim_texts(facts)
 
 
 def _text(value: Any) -> str:
