@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 from gguf import GGUFWriter, LlamaFileType
 
+from edge_llm.api.serving.ollama_describe import template
 from edge_llm.config import logit_rows
 from edge_llm.engine.speculation import MAX_DRAFT_ROWS
 from edge_llm.models.gguf_info import GGUFInfoError, describe, read_model_facts
+from edge_llm.models.gguf_tokens import fim_texts
 
 
 def write_model(path: Path, *, template: str | None = "{{ messages }}", vocab: int = 100) -> None:
@@ -94,3 +96,33 @@ def test_the_rows_of_logits_are_the_sequence_ids_or_the_largest_step() -> None:
     assert logit_rows(parallel=8, cache_slots=8, batch_size=512, speculative=True) == 8 + MAX_DRAFT_ROWS
     assert logit_rows(parallel=4, cache_slots=0, batch_size=16, speculative=True) == 16  # no more rows than a batch
     assert logit_rows(parallel=4, cache_slots=60, batch_size=512, speculative=True) == 64
+
+
+def write_vocabulary(path: Path, tokens: list[str], **ids: int) -> None:
+    writer = GGUFWriter(str(path), "qwen2")
+    writer.add_token_list([token.encode() for token in tokens])
+    for key, value in ids.items():
+        writer.add_uint32(f"tokenizer.ggml.{key}", value)
+    writer.add_chat_template("{{ messages }}")
+    writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), dtype=np.float16))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_fim_tokens_are_found_by_text_or_by_id_and_lead_ollamas_template(tmp_path: Path) -> None:
+    by_text = tmp_path / "text.gguf"
+    write_vocabulary(by_text, ["a", "<fim_prefix>", "<fim_middle>", "b", "<fim_suffix>"])
+    fim = fim_texts(read_model_facts(by_text))
+    assert fim == ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")
+    assert template(read_model_facts(by_text), fim) == (
+        "{{- if .Suffix }}<fim_prefix>{{ .Prompt }}<fim_suffix>{{ .Suffix }}<fim_middle>\n"
+        "{{- else }}{{ messages }}{{- end }}")
+    by_id = tmp_path / "id.gguf"
+    write_vocabulary(by_id, ["a", "<PRE-unknown>", "<|fim_suffix|>", "<|fim_middle|>"], fim_pre_token_id=1)
+    assert fim_texts(read_model_facts(by_id)) == ("[FIM_PRE]", "<|fim_suffix|>", "<|fim_middle|>")
+    missing = tmp_path / "chat.gguf"
+    write_vocabulary(missing, ["a", "<|fim_prefix|>", "<|fim_suffix|>", "fim_middle"])  # no middle token
+    assert fim_texts(read_model_facts(missing)) is None
+    assert template(read_model_facts(missing), None) == "{{ messages }}"  # the chat template alone, no .Suffix
