@@ -175,6 +175,10 @@ def test_copy_gives_a_name_that_every_family_serves_and_delete_forgets_it(models
     with pytest.raises(ollama.ResponseError) as missing:
         ollama_client.copy("nope", "other")
     assert (missing.value.status_code, missing.value.error) == (404, 'model "nope" not found')
+    for bad in ("my backup", "a:b:c", "ns.with.dots/model"):  # names Ollama refuses, as it words it
+        with pytest.raises(ollama.ResponseError) as invalid:
+            ollama_client.copy(GEMMA, bad)
+        assert (invalid.value.status_code, invalid.value.error) == (400, f'destination "{bad}" is invalid')
     ollama_client.delete("tiny-backup:latest")
     assert "tiny-backup:latest" not in [model.model for model in ollama_client.list().models]
     assert GEMMA in [model.model for model in ollama_client.list().models]  # the model itself stays

@@ -19,7 +19,15 @@ from edge_llm.api.serving.ollama_describe import (
 from edge_llm.models.catalogue import GEMMA_3_270M, UnknownCatalogueModel, find, ollama_name_of
 from edge_llm.models.fetch import DEFAULT_MODEL
 from edge_llm.models.gguf_info import ArrayValue, ModelFacts
-from edge_llm.registry.names import NameIndex, NameTaken, has_tag, normalized, same_name, tagged
+from edge_llm.registry.names import (
+    NameIndex,
+    NameTaken,
+    has_tag,
+    normalized,
+    same_name,
+    tagged,
+    valid_ollama_name,
+)
 from edge_llm.registry.registry import ModelState, UnknownModelError
 from edge_llm.registry.specs import ModelSpec
 from tests.unit.test_registry import Factory, registry, served, spec
@@ -35,6 +43,16 @@ def test_a_name_without_a_tag_means_latest_and_the_default_registry_is_implied()
     assert same_name("mine", ["mine:latest"]) and same_name("mine:latest", ["mine"])
     assert not same_name("gemma3", ["gemma3:270m"])  # gemma3 is gemma3:latest: another model
     assert not same_name("qwen2.5-coder:0.5", ["qwen2.5-coder:0.5b"])
+
+
+def test_names_are_valid_as_ollamas_name_rules_say() -> None:
+    for name in ("gemma3:270m", "tiny-backup", "qwen2.5-coder:0.5b", "me/mine:v1.2", "_x:_y",
+                 "registry.ollama.ai/library/gemma3:270m", "localhost:11434/ns/model:tag", "https://host/ns/model"):
+        assert valid_ollama_name(name), name
+    for name in ("", "my backup", "a:b:c", "model:", ":tag", "/model", "ns.dotted/model", "-model", "m:-tag",
+                 "a/b/c/d", "modèle", "x" * 81, "https://model", "host/ns/m" + ":" + "t" * 81):
+        assert not valid_ollama_name(name), name
+    assert valid_ollama_name("h" * 350 + "/ns/m") and not valid_ollama_name("h" * 351 + "/ns/m")
 
 
 def test_the_index_finds_exact_names_first_and_refuses_a_name_spelled_like_another_models() -> None:

@@ -43,6 +43,31 @@ def same_name(requested: str, names: Iterable[str]) -> bool:
     return any(requested == name or key == normalized(name) for name in names)
 
 
+_HOST_MAX, _PART_MAX = 350, 80
+
+
+def valid_ollama_name(name: str) -> bool:
+    """Whether Ollama would take `name` as a model's name ([host/][namespace/]model[:tag], its types/model/name.go):
+    each part starts with a letter, digit or `_` and goes on with those, `-`, `_` and `.` (no `.` in a namespace;
+    `:` only in a host, for its port); 80 characters at most (350 for a host)."""
+    rest, tag = (name.rsplit(":", 1) if has_tag(name) else (name, DEFAULT_TAG))
+    scheme, separator, after = rest.partition("://")
+    parts = (after if separator else scheme).split("/")
+    if len(parts) > 3 or (separator and len(parts) < 3):
+        return False
+    kinds = ("host", "namespace", "model")[3 - len(parts):]
+    return _valid_part(tag, "tag") and all(_valid_part(part, kind) for part, kind in zip(parts, kinds))
+
+
+def _valid_part(part: str, kind: str) -> bool:
+    if not part or len(part) > (_HOST_MAX if kind == "host" else _PART_MAX):
+        return False
+    if not (part[0].isascii() and (part[0].isalnum() or part[0] == "_")):
+        return False
+    allowed = "_-" + ("" if kind == "namespace" else ".") + (":" if kind == "host" else "")
+    return all(char.isascii() and (char.isalnum() or char in allowed) for char in part[1:])
+
+
 class NameTaken(ValueError):
     def __init__(self, name: str, owner: object) -> None:
         super().__init__(name)

@@ -9,6 +9,7 @@ each read once per file version in a worker thread (never on the event loop)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from edge_llm.models.catalogue import CATALOGUE
 from edge_llm.models.digest import DigestCache, FileVersion, file_version
 from edge_llm.models.gguf_info import GGUFInfoError, ModelFacts, read_model_facts
 from edge_llm.models.gguf_tokens import fim_texts
-from edge_llm.registry.names import NameTaken, tagged
+from edge_llm.registry.names import NameTaken, tagged, valid_ollama_name
 from edge_llm.registry.registry import ModelEntry, ModelRegistry, ModelState, UnknownModelError
 
 logger = logging.getLogger(__name__)
@@ -125,6 +126,8 @@ class OllamaModelServing:
     async def copy(self, request: Request) -> None:
         """An alias for the server's lifetime (the config file's `model_aliases` keeps one across restarts)."""
         body = self._parse(CopyRequest, await request.body())
+        if not valid_ollama_name(body.destination):  # Ollama's words; a name no Ollama client could type back
+            raise APIError(400, f"destination {json.dumps(body.destination)} is invalid", param="destination")
         try:
             entry = self.registry.resolve(body.source)
         except UnknownModelError:
