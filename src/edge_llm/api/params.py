@@ -82,8 +82,9 @@ def report_ignored(paths: list[str]) -> None:
     shown = ", ".join(paths[:MAX_REPORTED_FIELDS]) + (" …" if len(paths) > MAX_REPORTED_FIELDS else "")
     logger.warning("ignored request fields: %s (--strict-params refuses them)", shown)
     fields = _ignored.get()
-    if fields is not None:
-        fields.extend(path for path in paths if path not in fields)
+    if fields is not None:  # (a set for the test: `in` on the list made 40,000 unknown keys take 20 s, issue 41)
+        seen = set(fields)
+        fields.extend(path for path in dict.fromkeys(paths) if path not in seen)
 
 
 def parse_body(model: type[Body], body: dict[str, Any], *, strict: bool) -> Body:
