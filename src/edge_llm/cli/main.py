@@ -176,12 +176,19 @@ def _serve(args: argparse.Namespace) -> int:
     return _run_server(settings)
 
 
+_GIL_SWITCH_INTERVAL = 0.001  # seconds
+
+
 def _run_server(settings: Settings) -> int:
     """Listens at once (/healthz 200; with --model alone /readyz 503 "loading" while the engine thread loads it)."""
     from edge_llm.cli.preflight import memory_budget
     from edge_llm.registry.setup import build_registry
     from edge_llm.registry.specs import ModelSpecError
 
+    # The event loop shares the GIL with the tokenizer thread's Python work (templates, grammars, schemas): with
+    # the default 5 ms hand-over, each of the loop's several GIL waits per request costs up to 5 ms, and /healthz
+    # took 160-280 ms beside a megabyte prompt; 1 ms keeps the loop's answers prompt (issue 41).
+    sys.setswitchinterval(_GIL_SWITCH_INTERVAL)
     try:
         registry = build_registry(settings, _engine_factory(settings), default_budget=memory_budget())
     except (ModelSpecError, ValueError) as exc:
