@@ -11,7 +11,7 @@ import argparse
 import json
 import os
 import sys
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from edge_llm.cli.chat import DEFAULT_URL, env_api_key
@@ -90,6 +90,37 @@ def human_size(size: int) -> str:
     return f"{value:.1f} GB"
 
 
+def human_duration(seconds: float) -> str:
+    """Ollama's format.HumanDuration: "Less than a second", "12 seconds", "About a minute", "4 minutes", …"""
+    whole = int(seconds)
+    if whole < 1:
+        return "Less than a second"
+    if whole < 60:
+        return "1 second" if whole == 1 else f"{whole} seconds"
+    minutes = whole // 60
+    if minutes < 60:
+        return "About a minute" if minutes == 1 else f"{minutes} minutes"
+    hours = int(seconds / 3600 + 0.5)  # Go's math.Round: halves away from zero
+    for limit, unit, hours_per_unit in ((48, "hours", 1), (24 * 14, "days", 24), (24 * 60, "weeks", 24 * 7),
+                                        (24 * 730, "months", 24 * 30)):
+        if hours < limit:
+            return "About an hour" if hours == 1 else f"{hours // hours_per_unit} {unit}"
+    return f"{int(seconds / 3600 / 24 / 365)} years"
+
+
+def human_time(moment: str, now: datetime | None = None) -> str:
+    """Ollama's format.HumanTime of a time /api/tags or /api/ps wrote: "3 hours ago", "4 minutes from now",
+    "Forever" (more than 20 years ahead: a model never unloaded)."""
+    try:
+        when = datetime.fromisoformat(moment.replace("Z", "+00:00"))
+    except ValueError:
+        return moment
+    delta = ((now or datetime.now(timezone.utc)) - when).total_seconds()
+    if delta / 3600 / 24 / 365 < -20:
+        return "Forever"
+    return f"{human_duration(-delta)} from now" if delta < 0 else f"{human_duration(delta)} ago"
+
+
 def table(rows: list[list[str]]) -> str:
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
     return "\n".join("    ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
@@ -102,7 +133,7 @@ def _list(args: argparse.Namespace) -> int:
     rows = [["NAME", "ID", "SIZE", "MODIFIED"]]
     for model in answer.get("models", []):
         rows.append([model["name"], (model.get("digest") or "")[:12], human_size(int(model.get("size") or 0)),
-                     str(model.get("modified_at", ""))[:19].replace("T", " ")])
+                     human_time(str(model.get("modified_at", "")))])
     print(table(rows))
     return 0
 
@@ -113,11 +144,7 @@ def _ps(args: argparse.Namespace) -> int:
         return 1
     rows = [["NAME", "ID", "SIZE", "PROCESSOR", "UNTIL"]]
     for model in answer.get("models", []):
-        until = str(model.get("expires_at", ""))
-        try:
-            until = "Forever" if datetime.fromisoformat(until).year > 2200 else until[:19].replace("T", " ")
-        except ValueError:
-            pass
+        until = human_time(str(model.get("expires_at", "")))
         rows.append([model["name"], (model.get("digest") or "")[:12], human_size(int(model.get("size") or 0)),
                      "100% CPU", until])
     print(table(rows))
