@@ -243,7 +243,8 @@ def test_list_ps_and_run_verbs_talk_to_the_running_server(models_server: Running
     assert loaded.returncode == 0, loaded.stderr
     header, *rows = loaded.stdout.splitlines()
     assert header.split() == ["NAME", "ID", "SIZE", "PROCESSOR", "UNTIL"]
-    assert any(row.startswith(QWEN) and "100% CPU" in row for row in rows), loaded.stdout
+    assert any(row.startswith(QWEN) and "100% CPU" in row and row.endswith("minutes from now") for row in rows), \
+        loaded.stdout  # the --models-dir keep_alive, 5 minutes, as Ollama's ps words it
 
 
 def test_pull_verb_prints_the_servers_progress_and_unknown_names_fail_in_one_line(models_server: RunningServer
