@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from edge_llm.cli.ollama_verbs import human_duration, human_size, human_time
+from edge_llm.cli.ollama_verbs import human_duration, human_size, human_time, ollama_host
 
 NOW = datetime(2026, 12, 4, 4, 0, tzinfo=timezone.utc)
 
@@ -33,3 +33,13 @@ def test_times_are_ago_from_now_or_forever() -> None:
 def test_sizes_use_decimal_units_as_ollama_does() -> None:
     assert [human_size(size) for size in (999, 1000, 253_113_024, 963_535_360, 4_700_000_000)] == \
         ["999 B", "1 KB", "253.1 MB", "963.5 MB", "4.7 GB"]
+
+
+def test_ollama_host_is_read_as_ollama_reads_it() -> None:
+    assert ollama_host("127.0.0.1:3000") == "http://127.0.0.1:3000"
+    assert ollama_host("0.0.0.0") == "http://127.0.0.1:11434"  # Ollama's port when none is given
+    assert ollama_host("0.0.0.0:8080") == "http://127.0.0.1:8080"
+    assert ollama_host(":3000") == "http://127.0.0.1:3000"
+    assert ollama_host("gpu-box") == "http://gpu-box:11434"
+    assert ollama_host("[::1]:3000") == "http://[::1]:3000" and ollama_host("[::]") == "http://[::1]:11434"
+    assert ollama_host("https://llm.example.com") == "https://llm.example.com"  # a URL is taken as it is

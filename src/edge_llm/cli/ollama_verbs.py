@@ -19,11 +19,28 @@ from edge_llm.cli.chat import DEFAULT_URL, env_api_key
 _TIMEOUT = 30.0
 
 
+OLLAMA_PORT = 11434
+
+
 def _default_host() -> str:
     host = os.environ.get("OLLAMA_HOST", "").strip()
-    if not host:
-        return DEFAULT_URL
-    return host if "://" in host else f"http://{host}"
+    return ollama_host(host) if host else DEFAULT_URL
+
+
+def ollama_host(value: str) -> str:
+    """$OLLAMA_HOST read as Ollama reads it (envconfig.Host): no scheme means http, and then no port means
+    Ollama's 11434; `0.0.0.0` (what a server is told to listen on) is reached at 127.0.0.1."""
+    if "://" in value:
+        return value
+    hostport = value.split("/", 1)[0]
+    host, port = hostport, ""
+    if hostport.startswith("["):  # [::1]:port
+        host, _, rest = hostport.partition("]")
+        host, port = host + "]", rest.removeprefix(":")
+    elif hostport.count(":") == 1:
+        host, port = hostport.split(":")
+    host = "127.0.0.1" if host in ("", "0.0.0.0") else "[::1]" if host == "[::]" else host
+    return f"http://{host}:{port or OLLAMA_PORT}"
 
 
 def add_verbs(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
