@@ -169,6 +169,34 @@ def test_completion_answers_as_llama_server_does(server: RunningServer, model_id
     assert set(response.headers["x-edge-llm-ignored-fields"].split(",")) == {"samplers", "id_slot"}
 
 
+def test_completion_echoes_its_prompt_and_settings_and_names_the_stop_word(server: RunningServer) -> None:
+    body = {"prompt": "Count: 1, 2, 3,", "n_predict": 12, "temperature": 0, "seed": 42, "stop": [","]}
+    answer = httpx.post(server.url + "/completion", json=body, timeout=120).json()
+    assert answer["stop_type"] == "word" and answer["stopping_word"] == "," and "," not in answer["content"]
+    assert answer["prompt"] == body["prompt"]
+    settings = answer["generation_settings"]
+    assert settings["n_predict"] == 12 and settings["temperature"] == 0 and settings["seed"] == 42
+    assert settings["stop"] == [","] and settings["n_ctx"] > 0
+    unbounded = httpx.post(server.url + "/completion", timeout=120,
+                           json={"prompt": "Hi", "n_predict": 2, "temperature": 0}).json()
+    assert unbounded["stop_type"] in ("limit", "eos") and unbounded["stopping_word"] == ""
+
+
+def test_completion_streams_prompt_progress_when_asked(server: RunningServer) -> None:
+    # ~2,300 tokens never seen before: several prefill chunks of at most --batch-size (512) tokens.
+    text = " ".join(f"Item {i}: the colour of box {i * 41 % 103} is code {i * 67 % 991}." for i in range(160))
+    body = {"prompt": text, "n_predict": 2, "stream": True, "return_progress": True}
+    with httpx.stream("POST", server.url + "/completion", json=body, timeout=300) as response:
+        assert response.status_code == 200
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+    steps = [event["prompt_progress"] for event in events if "prompt_progress" in event]
+    assert len(steps) >= 3, steps
+    assert {step["total"] for step in steps} == {events[-1]["tokens_evaluated"]} and events[-1]["stop"] is True
+    processed = [step["processed"] for step in steps]
+    assert processed == sorted(processed) and processed[-1] < steps[0]["total"]
+    assert all(event["content"] == "" and event["stop"] is False for event in events if "prompt_progress" in event)
+
+
 def test_completion_streams_data_events_without_done(server: RunningServer) -> None:
     body = {"prompt": "Count: 1, 2, 3,", "n_predict": 6, "temperature": 0, "stream": True}
     with httpx.stream("POST", server.url + "/completion", json=body, timeout=120) as response:

@@ -62,6 +62,7 @@ class NativeGeneration(RequestModel):
     cache_prompt: bool = True  # false: this request neither reuses nor leaves a prefix-cache entry
     speculative: bool = True  # false: no speculative decoding for this request (see --speculative)
     response_fields: list[str] | None = Field(None, max_length=64)
+    return_progress: bool = False  # a stream also sends `prompt_progress` chunks while the prompt is computed
     input_suffix: str = ""  # /infill's text after the cursor; a completion has none
 
     @field_validator("stop")

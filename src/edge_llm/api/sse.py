@@ -96,15 +96,23 @@ class EventStreamResponse(StreamingResponse):
         )
         self.on_disconnect = on_disconnect
         self.keepalive_interval = keepalive_interval
-        self._notes: deque[str] = deque()
+        self._notes: deque[str | bytes] = deque()
         self._notes_waiting: asyncio.Event | None = None
 
     def note(self, text: str) -> None:
         """Sends `: text` (an SSE comment: clients ignore it, people and proxies see the stream move) in turn with
         the body; dropped before the response starts and after it ends. Event loop only (a plain callback: no task
         of its own, so the response's notes task writes it)."""
+        self._aside(text)
+
+    def send_aside(self, chunk: bytes) -> None:
+        """Sends an encoded event out of the body's turn, as `note` does (llama-server's `prompt_progress` chunks
+        while the prompt is computed, before the body has anything to say)."""
+        self._aside(chunk)
+
+    def _aside(self, item: str | bytes) -> None:
         if self._notes_waiting is not None:
-            self._notes.append(text)
+            self._notes.append(item)
             self._notes_waiting.set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -143,7 +151,8 @@ class EventStreamResponse(StreamingResponse):
                     await waiting.wait()
                     waiting.clear()
                     while self._notes:
-                        await writer.comment(self._notes.popleft())
+                        item = self._notes.popleft()
+                        await writer.aside(item if isinstance(item, bytes) else encode_comment(item))
 
             group.start_soon(stream)
             group.start_soon(listen)
@@ -193,11 +202,15 @@ class _Writer:
             await self._send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def comment(self, text: str) -> None:
+        await self.aside(encode_comment(text))
+
+    async def aside(self, chunk: bytes) -> None:
+        """`chunk` between the body's chunks; dropped before the response starts and after it ends."""
         async with self._lock:
             if not self._started.is_set() or self._ended:
                 return
             try:
-                await self._send({"type": "http.response.body", "body": encode_comment(text), "more_body": True})
+                await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
             except OSError:
                 return  # the client is gone: the listener ends the response
             self._last_sent = anyio.current_time()

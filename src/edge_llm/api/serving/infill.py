@@ -20,7 +20,8 @@ from fastapi.responses import JSONResponse, Response
 from edge_llm.api.protocol_llama import InfillRequest, NativeGeneration
 from edge_llm.api.serving.base import Generation, Serving, error_body, failure_error
 from edge_llm.api.sse import encode_json_event
-from edge_llm.engine.types import Failed, Finished, FinishReason, TextDelta
+from edge_llm.api.protocol import SamplingDefaults
+from edge_llm.engine.types import Failed, Finished, FinishReason, PrefillProgress, TextDelta
 from edge_llm.prompting.fim import EditorCut, ExtraFile, infill_prompt, suffix_echo_stop
 
 logger = logging.getLogger(__name__)
@@ -52,17 +53,23 @@ class InfillServing(Serving):
                                 stop=tuple(body.stop) + suffix_echo_stop(body.input_suffix), logprobs=None,
                                 cache_prompt=body.cache_prompt, fill_in_the_middle=True,
                                 speculative=body.speculative)
-        return await self.answer(request, generation, body)
+        return await self.answer(request, generation, body, await self.off_loop(self.engine.detokenize, prompt))
 
-    async def answer(self, request: Request, generation: Generation, body: NativeGeneration) -> Response:
+    async def answer(self, request: Request, generation: Generation, body: NativeGeneration,
+                     prompt: str) -> Response:
         """llama-server's answer to its own routes: streamed `data:` events or one object, the editor rules
-        (`n_indent`, `t_max_predict_ms`) applied."""
+        (`n_indent`, `t_max_predict_ms`) applied; `prompt` is the prompt's text, echoed in the final object."""
         headers = self.headers(generation)
         cut = EditorCut(body.n_indent, body.t_max_predict_ms, body.input_suffix)
         if body.stream:
-            return self.stream(generation, self._events(generation, body, cut), headers=headers)
+            response = self.stream(generation, self._events(generation, body, cut, prompt), headers=headers)
+            if body.return_progress:
+                started = time.monotonic()
+                generation.channel.on_progress = lambda _, step: response.send_aside(
+                    encode_json_event(_progress_chunk(generation, step, started)))
+            return response
         progress = await self.while_connected(request, generation, self._drain(generation, body, cut))
-        return JSONResponse(self._final(generation, body, progress), headers=headers)
+        return JSONResponse(self._final(generation, body, progress, prompt), headers=headers)
 
     # ---- the answer as it streams ---------------------------------------------------------------
 
@@ -103,7 +110,8 @@ class InfillServing(Serving):
             raise failure_error(failure.failed) from None
         return progress
 
-    async def _events(self, generation: Generation, body: NativeGeneration, cut: EditorCut) -> AsyncIterator[bytes]:
+    async def _events(self, generation: Generation, body: NativeGeneration, cut: EditorCut,
+                      prompt: str) -> AsyncIterator[bytes]:
         progress = _Progress()
         prompt_tokens = generation.prompt_lengths[0]
         try:
@@ -113,9 +121,9 @@ class InfillServing(Serving):
         except _Failure as failure:
             yield encode_json_event(error_body(failure.failed))
             return
-        yield encode_json_event(self._final(generation, body, progress, streamed=True))
+        yield encode_json_event(self._final(generation, body, progress, prompt, streamed=True))
 
-    def _final(self, generation: Generation, body: NativeGeneration, progress: _Progress, *,
+    def _final(self, generation: Generation, body: NativeGeneration, progress: _Progress, prompt: str, *,
                streamed: bool = False) -> dict[str, Any]:
         finished = progress.finished
         prompt_tokens = generation.prompt_lengths[0]
@@ -136,7 +144,9 @@ class InfillServing(Serving):
             "has_new_line": "\n" in "".join(progress.content),
             "truncated": False,
             "stop_type": _stop_type(finished, progress.cut),
-            "stopping_word": "",
+            "stopping_word": finished.stop_sequence or "" if finished is not None and not progress.cut else "",
+            "generation_settings": generation_settings(body, self.defaults, self.context_limit),
+            "prompt": prompt,
             "tokens_cached": cached,
             "timings": {
                 "cache_n": cached,
@@ -166,9 +176,32 @@ class _Failure(Exception):
 
 
 def _stop_type(finished: Finished | None, cut: bool) -> str:
+    """llama-server's stop types: the editor rules' cuts count as its limits, as there."""
     if cut or finished is None:
         return "limit"
-    return {FinishReason.STOP: "eos", FinishReason.LENGTH: "limit"}.get(finished.reason, "none")
+    if finished.reason == FinishReason.STOP:
+        return "word" if finished.stop_sequence else "eos"
+    return "limit" if finished.reason == FinishReason.LENGTH else "none"
+
+
+def _progress_chunk(generation: Generation, step: PrefillProgress, started: float) -> dict[str, Any]:
+    """llama-server's `return_progress` chunk: a partial result without content, with the prompt's progress."""
+    return {"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": -1, "tokens_predicted": 0,
+            "tokens_evaluated": generation.prompt_lengths[0],
+            "prompt_progress": {"total": step.total, "cache": step.cached, "processed": step.processed,
+                                "time_ms": (time.monotonic() - started) * 1000}}
+
+
+def generation_settings(body: NativeGeneration, defaults: SamplingDefaults, n_ctx: int) -> dict[str, Any]:
+    """llama-server's `generation_settings`: the settings this answer was generated with."""
+    sampling = body.sampling_params(defaults)
+    max_tokens = body.requested_max_tokens()
+    return {"n_ctx": n_ctx, "n_predict": -1 if max_tokens is None else max_tokens,
+            "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
+            "min_p": sampling.min_p, "repeat_penalty": sampling.repeat_penalty,
+            "seed": -1 if sampling.seed is None else sampling.seed, "stop": list(body.stop), "stream": body.stream,
+            "cache_prompt": body.cache_prompt, "n_indent": body.n_indent, "t_max_predict_ms": body.t_max_predict_ms,
+            "speculative": body.speculative, "samplers": ["top_k", "top_p", "min_p", "temperature"]}
 
 
 def _select(result: dict[str, Any], paths: list[str]) -> dict[str, Any]:

@@ -32,7 +32,8 @@ class NativeServing(InfillServing):
                                 sampling=lambda _: body.sampling_params(self.defaults, grammar),
                                 stop=tuple(body.stop), logprobs=None, cache_prompt=body.cache_prompt,
                                 speculative=body.speculative)
-        return await self.answer(request, generation, body)
+        text = body.prompt if isinstance(body.prompt, str) else await self.off_loop(self.engine.detokenize, prompt)
+        return await self.answer(request, generation, body, text)
 
     def _prompt_tokens(self, prompt: str | list[int | str]) -> list[int]:
         """llama-server's tokenize_mixed: pieces of text (control-token spellings read as the tokens, the caller's
