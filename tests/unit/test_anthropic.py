@@ -30,7 +30,7 @@ from edge_llm.engine.types import Finished, FinishReason, Usage
 from edge_llm.prompting.chat_template import ChatTemplate
 from edge_llm.prompting.prompt import PromptBuilder
 from edge_llm.prompting.tools import ParsedToolCall
-from tests.unit.test_chat_template import FakeTokenizer, plain
+from tests.unit.test_chat_template import SPECIALS, FakeTokenizer, plain
 
 WEATHER = {"name": "get_weather", "description": "Weather in a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -84,7 +84,7 @@ def test_a_final_assistant_message_is_a_prefill_the_answer_continues() -> None:
                              {"role": "assistant", "content": [{"type": "text", "text": "{\"a\":"}]}])
     assert prefill.continues_final and prefill.to_chat_messages()[-1] == {"role": "assistant", "content": "{\"a\":"}
     assert not body().continues_final
-    builder = PromptBuilder(ChatTemplate(None), FakeTokenizer(), bos_token=None)
+    builder = PromptBuilder(ChatTemplate(None), FakeTokenizer(), bos_token=None, control_tokens=SPECIALS)
     tokens = builder.build(prefill.to_chat_messages(), continue_final=True)
     # ChatML: the assistant turn is left open after its text; no end of turn, no new turn
     assert tokens[-len(plain("assistant\n{\"a\":")) - 1:] == [1, *plain("assistant\n{\"a\":")]

@@ -107,6 +107,8 @@ class ModelInfo:
     can_move_cells: bool = False  # KV cells can be moved to other positions (RoPE models): --cache-reuse works
     embedding_dimensions: int = 0  # the length of an embedding vector; 0: this model cannot embed here
     embedding_max_tokens: int = 0  # the longest input an embedding is computed for
+    # the control tokens by their text: what special-token parsing reads in a text (never in a request's values)
+    control_tokens: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

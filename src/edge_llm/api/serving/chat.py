@@ -99,7 +99,8 @@ class ChatServing(Serving):
                     "Send the text to continue to /v1/completions instead", param="messages",
                     code="chat_template_missing")
             template = ChatTemplate(info.chat_template, bos_token=info.bos_text, eos_token=info.eos_text)
-            self._prompt_builder = PromptBuilder(template, self.engine, bos_token=info.bos_token)
+            self._prompt_builder = PromptBuilder(template, self.engine, bos_token=info.bos_token,
+                                                control_tokens=info.control_tokens)
         return self._prompt_builder.build(messages, tools=tools, continue_final=continue_final)
 
     # ---- the grammar ------------------------------------------------------------------------------

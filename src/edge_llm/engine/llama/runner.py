@@ -185,7 +185,14 @@ class LlamaRunner:
             embedding_dimensions=llama_cpp.llama_model_n_embd_out(self._model) if self._embeds_in_chunks(metadata) else 0,
             embedding_max_tokens=min(EMBEDDING_MAX_TOKENS, self.config.n_ctx,
                                      max(1, llama_cpp.llama_model_n_ctx_train(self._model))),
+            control_tokens=self._control_tokens(),
         )
+
+    def _control_tokens(self) -> dict[str, int]:
+        parsed_only_as_special = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
+        return {text: token for token in range(self._n_vocab)
+                if llama_cpp.llama_vocab_get_attr(self._vocab, token) & parsed_only_as_special
+                and (text := self._special_text(token))}
 
     def _embeds_in_chunks(self, metadata: dict[str, str]) -> bool:
         """Embeddings are computed a chunk at a time (embedding.py), which needs a causal decoder: an encoder-decoder
