@@ -330,3 +330,17 @@ def test_the_api_key_applies_and_its_refusal_wears_ollamas_envelope(two_models: 
     answer = ollama.Client(host=two_models.url, headers=BEARER, timeout=TIMEOUT).generate(
         model=GEMMA_ID, prompt="Hello", options={"num_predict": 2})
     assert answer.model == GEMMA_ID and answer.done
+
+
+def test_logprobs_come_one_a_token_with_the_top_alternatives(server: RunningServer, model_id: str) -> None:
+    body = {"model": model_id, "prompt": "Count from 1 to 9.", "logprobs": True, "top_logprobs": 2,
+            "options": {"num_predict": 6}}
+    answer = post(server, "/api/generate", {**body, "stream": False}).json()
+    entries = answer["logprobs"]
+    assert len(entries) == answer["eval_count"] and "".join(entry["token"] for entry in entries) == answer["response"]
+    for entry in entries:
+        assert set(entry) == {"token", "logprob", "bytes", "top_logprobs"} and entry["logprob"] <= 0
+        assert len(entry["top_logprobs"]) == 2 and entry["top_logprobs"][0]["logprob"] >= entry["logprob"]
+    streamed = lines(post(server, "/api/chat", {**body, "messages": COUNT}))
+    assert sum(len(line.get("logprobs", [])) for line in streamed) == streamed[-1]["eval_count"]
+    assert "logprobs" not in post(server, "/api/generate", {**body, "logprobs": False, "stream": False}).json()
