@@ -23,7 +23,7 @@ WEATHER = {"type": "function", "function": {
 @pytest.fixture(scope="module")
 def strict_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     with run_server(tmp_path_factory.mktemp("strict"), "--strict-params", "--parallel", "1", "--ctx-size", "512",
-                    "--cache-slots", "0") as running:
+                    "--cache-slots", "0", "--model-alias", "my-llama") as running:
         yield running
 
 
@@ -77,6 +77,14 @@ def test_strict_params_refuses_unknown_fields(strict_server: RunningServer) -> N
     nested = httpx.post(strict_server.url + CHAT, json={**chat_body(), "messages": ECHOED_TURNS}, timeout=60)
     assert nested.status_code == 400
     assert nested.json()["error"]["param"] == "messages.0.content.0.cache_control"
+
+
+def test_the_model_alias_names_the_model_on_llama_servers_routes(strict_server: RunningServer) -> None:
+    # llama-server's --alias: /props and /completion answer with it, as llama.vscode and scripts read it.
+    assert httpx.get(strict_server.url + "/props", timeout=60).json()["model_alias"] == "my-llama"
+    answer = httpx.post(strict_server.url + "/completion", timeout=120,
+                        json={"model": "my-llama", "prompt": "1, 2,", "n_predict": 2}).json()
+    assert answer["model"] == "my-llama"
 
 
 def test_routes_without_v1_and_health(server: RunningServer, model_id: str) -> None:

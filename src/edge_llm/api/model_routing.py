@@ -110,7 +110,8 @@ def serving_for(settings: Settings, entry: ModelEntry) -> dict[type[Serving], Se
     made = entry.attachments.get("serving")
     if made is None or made[0] != entry.names:
         assert entry.client is not None
-        own = settings.model_copy(update={"model": entry.spec.path, "model_alias": None})
+        alias = settings.model_alias if settings.model_alias in entry.spec.aliases else None  # --model's only
+        own = settings.model_copy(update={"model": entry.spec.path, "model_alias": alias})
         made = entry.attachments["serving"] = (entry.names, build_serving(own, entry.client, entry.names))
     return cast(dict[type[Serving], Serving], made[1])
 

@@ -138,7 +138,7 @@ class InfillServing(Serving):
             "tokens": [],
             "id_slot": -1,
             "stop": True,
-            "model": self.model_id,
+            "model": self.settings.model_alias or self.model_id,  # llama-server's --alias names the model
             "tokens_predicted": predicted,
             "tokens_evaluated": prompt_tokens,
             "has_new_line": "\n" in "".join(progress.content),

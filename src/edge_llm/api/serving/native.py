@@ -62,7 +62,7 @@ class NativeServing(InfillServing):
                            "cache_prompt": True, "samplers": ["top_k", "top_p", "min_p", "temperature"]},
             },
             "total_slots": self.settings.parallel,
-            "model_alias": self.model_id,
+            "model_alias": self.settings.model_alias or self.model_id,
             "model_path": str(info.path),
             "modalities": {"vision": False, "video": False, "audio": False},
             "endpoint_slots": False,
