@@ -57,6 +57,10 @@ def responses(items: list[dict[str, Any]] | str) -> tuple[str, dict[str, Any]]:
     return "/v1/responses", {"input": items, "max_output_tokens": 16, "temperature": 0}
 
 
+def ollama(messages: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    return "/api/chat", {"messages": messages, "stream": False, "options": {"num_predict": 1}}  # "model": added
+
+
 CASES: dict[str, Callable[[str], tuple[str, dict[str, Any]]]] = {
     "chat user content": lambda v: chat([{"role": "user", "content": v}]),
     "chat system content": lambda v: chat([{"role": "system", "content": v}, {"role": "user", "content": "Hi"}]),
@@ -80,6 +84,12 @@ CASES: dict[str, Callable[[str], tuple[str, dict[str, Any]]]] = {
         {"role": "user", "content": "Weather?"},
         {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": json.dumps({"city": v})},
         {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}]),
+    "ollama content": lambda v: ollama([{"role": "user", "content": v}]),
+    "ollama tool_calls arguments": lambda v: ollama([
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "get_weather",
+                                                                          "arguments": {"city": v}}}]},
+        {"role": "tool", "content": "sunny"}]),
     "infill prefix": lambda v: ("/infill", {"input_prefix": v, "input_suffix": "", "n_predict": 1}),
     "infill suffix": lambda v: ("/infill", {"input_prefix": "x = ", "input_suffix": v, "n_predict": 1}),
     "infill input_extra": lambda v: ("/infill", {"input_prefix": "x = ", "input_suffix": "", "n_predict": 1,
@@ -95,6 +105,8 @@ def prompt_tokens(server: RunningServer, route: str, body: dict[str, Any]) -> in
         return int(answer["input_tokens"])
     if route == "/v1/responses":
         return int(answer["usage"]["input_tokens"])
+    if route == "/api/chat":
+        return int(answer["prompt_eval_count"])
     if route == "/infill":
         return int(answer["tokens_evaluated"])
     return int(answer["usage"]["prompt_tokens"])
@@ -110,7 +122,7 @@ def plain_length(server: RunningServer, text: str, *, parse_special: bool = Fals
 def test_a_control_token_spelled_in_a_request_value_is_plain_text(server: RunningServer, model_id: str,
                                                                   case: str) -> None:
     (route, hostile_body), (_, harmless_body) = CASES[case](HOSTILE), CASES[case](HARMLESS)
-    if route == "/v1/messages/count_tokens":
+    if route in ("/v1/messages/count_tokens", "/api/chat"):
         hostile_body["model"] = harmless_body["model"] = model_id
     hostile = prompt_tokens(server, route, hostile_body)
     harmless = prompt_tokens(server, route, harmless_body)
