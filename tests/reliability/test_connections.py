@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
-import statistics
 import threading
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -18,6 +16,9 @@ import pytest
 
 from edge_llm.testing.server import RunningServer, run_server
 from tests.reliability.support import (
+    assert_neighbour_unhurt,
+    neighbour_alone,
+    neighbour_seconds,
     COMPLETIONS,
     TIMEOUT,
     assert_envelope,
@@ -35,8 +36,6 @@ from tests.reliability.support import (
 HEAD_TIMEOUT = 2
 BODY_TIMEOUT = 2
 MAX_CONNECTIONS = 12
-NEIGHBOUR_RATIO = 4
-NEIGHBOUR_SLACK = 3.0
 RSS_BOUND_MIB = 16  # growth allowed over 60 hostile connections (allocator noise, not a per-connection leak)
 
 
@@ -50,18 +49,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         assert_no_unhandled_errors(running)
 
 
-def neighbour(server: RunningServer) -> float:
-    started = time.perf_counter()
-    response = httpx.post(server.url + COMPLETIONS, json={"prompt": "Hello", "max_tokens": 2, "temperature": 0},
-                          timeout=TIMEOUT)
-    assert response.status_code == 200, response.text
-    return time.perf_counter() - started
-
-
 @pytest.fixture(scope="module")
 def alone(server: RunningServer) -> float:
-    neighbour(server)
-    return statistics.median(neighbour(server) for _ in range(5))
+    return neighbour_alone(server)
 
 
 def connect(server: RunningServer) -> socket.socket:
@@ -123,14 +113,14 @@ def test_a_slowloris_head_gets_408_and_the_neighbour_goes_on(server: RunningServ
     threads = [threading.Thread(target=slowloris, args=(server, answers)) for _ in range(4)]
     for thread in threads:
         thread.start()
-    took = neighbour(server)
+    took = neighbour_seconds(server)
     for thread in threads:
         thread.join(TIMEOUT)
     assert len(answers) == 4
     for answer in answers:
         assert status_of(answer) == 408, answer[:300]
         assert_envelope(408, answer.split(b"\r\n\r\n", 1)[1], "slowloris")
-    assert took <= NEIGHBOUR_RATIO * alone + NEIGHBOUR_SLACK, f"neighbour {took:.2f} s, alone {alone:.2f} s"
+    assert_neighbour_unhurt(took, alone, "beside the hostile connection")
     assert closings(server, "head_timeout") == before + 4
 
 
@@ -146,9 +136,9 @@ def test_a_body_that_stops_is_closed_and_logged_as_499(server: RunningServer, al
     with connect(server) as sock:
         sock.sendall(raw_head("POST", COMPLETIONS, [("Host", "127.0.0.1"), ("Content-Type", "application/json"),
                                                     ("Content-Length", "1000")]) + b'{"prompt": "x", ')
-        took = neighbour(server)
+        took = neighbour_seconds(server)
         assert closed_by_server(sock) == b""
-    assert took <= NEIGHBOUR_RATIO * alone + NEIGHBOUR_SLACK, f"neighbour {took:.2f} s, alone {alone:.2f} s"
+    assert_neighbour_unhurt(took, alone, "beside the hostile connection")
     assert closings(server, "body_timeout") == before + 1
     wait_for(lambda: 499 in access_statuses(server, COMPLETIONS), 30, "the 499 access line")
 

@@ -9,10 +9,8 @@ grammars the same way; docs/reliability.md records the cases and the worst neigh
 from __future__ import annotations
 
 import logging
-import statistics
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -22,6 +20,9 @@ from hypothesis import strategies as st
 
 from edge_llm.testing.server import RunningServer, run_server
 from tests.reliability.support import (
+    assert_neighbour_unhurt,
+    neighbour_alone,
+    neighbour_seconds,
     COMPLETIONS,
     TIMEOUT,
     assert_envelope,
@@ -34,10 +35,6 @@ from tests.reliability.support import (
 logger = logging.getLogger(__name__)
 
 EXAMPLES = env_int("EDGE_LLM_GRAMMAR_EXAMPLES", 15)
-# "Within a few seconds, as a ratio of its time alone": the ratio is generous (2 shared cores), the slack covers
-# one step of the grammar budget (STEP_BUDGET_MS) that the neighbour may wait behind, on a busy machine.
-NEIGHBOUR_RATIO = 4
-NEIGHBOUR_SLACK = 3.0
 STEP_BUDGET_MS = 300  # the costly grammar's request ends after this much of one step (plus one slice)
 
 
@@ -83,18 +80,9 @@ def grammar_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running
         assert_no_unhandled_errors(running)
 
 
-def neighbour(server: RunningServer) -> float:
-    started = time.perf_counter()
-    response = httpx.post(server.url + COMPLETIONS, json={"prompt": "Hello", "max_tokens": 2, "temperature": 0},
-                          timeout=TIMEOUT)
-    assert response.status_code == 200, response.text
-    return time.perf_counter() - started
-
-
 @pytest.fixture(scope="module")
 def alone(grammar_server: RunningServer) -> float:
-    neighbour(grammar_server)  # warm
-    return statistics.median(neighbour(grammar_server) for _ in range(5))
+    return neighbour_alone(grammar_server)
 
 
 def beside_a_neighbour(server: RunningServer, body: dict[str, Any]) -> tuple[httpx.Response, float]:
@@ -111,15 +99,10 @@ def beside_a_neighbour(server: RunningServer, body: dict[str, Any]) -> tuple[htt
     thread = threading.Thread(target=hostile)
     thread.start()
     sent.wait()
-    took = neighbour(server)
+    took = neighbour_seconds(server)
     thread.join(TIMEOUT)
     assert answers, "the hostile request never got an answer"
     return answers[0], took
-
-
-def assert_neighbour_unhurt(took: float, alone: float, what: str) -> None:
-    assert took <= NEIGHBOUR_RATIO * alone + NEIGHBOUR_SLACK, f"{what}: the neighbour took {took:.2f} s " \
-        f"(alone {alone:.2f} s)"
 
 
 @pytest.mark.parametrize("case", list(REFUSED), ids=list(REFUSED))
