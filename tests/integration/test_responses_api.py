@@ -6,6 +6,7 @@ import json
 
 import httpx
 import jsonschema
+import agents
 import openai
 import pytest
 
@@ -98,7 +99,6 @@ def test_previous_response_id_is_a_clear_400(client: openai.OpenAI, model_id: st
 
 
 def test_openai_agents_sdk_runs_an_agent_against_the_server(server: RunningServer, model_id: str) -> None:
-    agents = pytest.importorskip("agents")
     agents.set_tracing_disabled(True)  # traces would go to OpenAI's servers
     client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     agent = agents.Agent(name="Helper", instructions="Answer in one short sentence.",

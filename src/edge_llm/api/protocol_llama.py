@@ -24,6 +24,23 @@ MAX_EXTRA_FILES = 64
 MAX_STOP_STRINGS = 64
 
 
+def native_sampling(defaults: SamplingDefaults, fields: Any, grammar: str | None) -> SamplingParams:
+    """The sampling of llama-server's and Ollama's native bodies (their option names are the same): the server's
+    defaults (--temperature, --top-p, --top-k) where a field is None; a seed below 0 means a random one."""
+    seed = getattr(fields, "seed", None)
+    return SamplingParams(
+        temperature=defaults.temperature if fields.temperature is None else fields.temperature,
+        top_p=defaults.top_p if fields.top_p is None else fields.top_p,
+        top_k=defaults.top_k if fields.top_k is None else fields.top_k,
+        min_p=fields.min_p or 0.0,
+        seed=None if seed is None or seed < 0 else seed & 0xFFFFFFFF,
+        presence_penalty=getattr(fields, "presence_penalty", None) or 0.0,
+        frequency_penalty=getattr(fields, "frequency_penalty", None) or 0.0,
+        repeat_penalty=fields.repeat_penalty or 1.0,
+        grammar=grammar,
+    )
+
+
 class LlamaServerFields(BaseModel):
     """llama-server's native fields, honoured in the OpenAI bodies too (tools written for llama-server send them)."""
 
@@ -85,15 +102,7 @@ class NativeGeneration(RequestModel):
         return None if self.n_predict == -1 else self.n_predict
 
     def sampling_params(self, defaults: SamplingDefaults, grammar: str | None = None) -> SamplingParams:
-        return SamplingParams(
-            temperature=defaults.temperature if self.temperature is None else self.temperature,
-            top_p=defaults.top_p if self.top_p is None else self.top_p,
-            top_k=defaults.top_k if self.top_k is None else self.top_k,
-            min_p=self.min_p or 0.0,
-            seed=None if self.seed is None or self.seed < 0 else self.seed & 0xFFFFFFFF,
-            repeat_penalty=self.repeat_penalty or 1.0,
-            grammar=grammar,
-        )
+        return native_sampling(defaults, self, grammar)
 
 
 class InfillRequest(NativeGeneration):

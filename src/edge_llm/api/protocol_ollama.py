@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from edge_llm.api.protocol import SamplingDefaults, ToolDefinition
 from edge_llm.api.protocol_base import RequestModel
-from edge_llm.api.protocol_llama import MAX_STOP_STRINGS
+from edge_llm.api.protocol_llama import MAX_STOP_STRINGS, native_sampling
 from edge_llm.engine.types import SamplingParams
 
 THINK_LEVELS = ("high", "medium", "low", "max")
@@ -96,17 +96,7 @@ class OllamaOptions(RequestModel):
 
     def sampling_params(self, defaults: SamplingDefaults, grammar: str | None) -> SamplingParams:
         """The server's defaults (--temperature, --top-p, --top-k) where the request gives no option."""
-        return SamplingParams(
-            temperature=defaults.temperature if self.temperature is None else self.temperature,
-            top_p=defaults.top_p if self.top_p is None else self.top_p,
-            top_k=defaults.top_k if self.top_k is None else self.top_k,
-            min_p=self.min_p or 0.0,
-            seed=None if self.seed is None or self.seed < 0 else self.seed & 0xFFFFFFFF,
-            presence_penalty=self.presence_penalty or 0.0,
-            frequency_penalty=self.frequency_penalty or 0.0,
-            repeat_penalty=self.repeat_penalty or 1.0,
-            grammar=grammar,
-        )
+        return native_sampling(defaults, self, grammar)
 
 
 _SAMPLING_OPTIONS = frozenset({"num_predict", "temperature", "top_p", "top_k", "min_p", "seed", "repeat_penalty",
@@ -292,33 +282,28 @@ class OllamaErrorResponse(BaseModel):
     error: str
 
 
-class OllamaChatResponse(BaseModel):
+class _OllamaFinal(BaseModel):
+    """What every generation answer's last object carries: done, why, and Ollama's figures (durations in ns)."""
+
     model: str
     created_at: str
+    done: bool
+    done_reason: str | None = None
+    total_duration: int | None = None
+    load_duration: int | None = None
+    prompt_eval_count: int | None = None
+    prompt_eval_duration: int | None = None
+    eval_count: int | None = None
+    eval_duration: int | None = None
+
+
+class OllamaChatResponse(_OllamaFinal):
     message: dict[str, Any]
-    done: bool
-    done_reason: str | None = None
-    total_duration: int | None = None
-    load_duration: int | None = None
-    prompt_eval_count: int | None = None
-    prompt_eval_duration: int | None = None
-    eval_count: int | None = None
-    eval_duration: int | None = None
 
 
-class OllamaGenerateResponse(BaseModel):
-    model: str
-    created_at: str
+class OllamaGenerateResponse(_OllamaFinal):
     response: str
-    done: bool
-    done_reason: str | None = None
     context: list[int] | None = None
-    total_duration: int | None = None
-    load_duration: int | None = None
-    prompt_eval_count: int | None = None
-    prompt_eval_duration: int | None = None
-    eval_count: int | None = None
-    eval_duration: int | None = None
 
 
 class OllamaEmbedResponse(BaseModel):
