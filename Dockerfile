@@ -6,7 +6,7 @@
 #   docker run -d --name edge-llm -p 3000:3000 -v edge-llm-models:/models --stop-timeout 40 edge-llm
 #
 # Another model: mount its folder and set EDGE_LLM_MODEL, e.g. -v /srv/gguf:/models:ro -e EDGE_LLM_MODEL=/models/m.gguf.
-# Every `serve` flag is an EDGE_LLM_* variable too (README, Configuration). docs/deployment.md has the rest.
+# Every `serve` flag is an EDGE_LLM_* variable too (docs/configuration.md). docs/deployment.md has the rest.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 

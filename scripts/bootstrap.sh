@@ -6,7 +6,8 @@
 #    chromium the browser test drives, the nginx the load-balancer test runs and the node and npm the Ollama
 #    JavaScript client test runs): installed with apt-get when running as root, otherwise the apt-get command to
 #    run is printed and the script exits 1.
-# 2. The virtualenv .venv with the pinned dependencies (llama-cpp-python is built from source).
+# 2. The virtualenv .venv with the pinned dependencies, those of the tests and of the docs site included
+#    (llama-cpp-python is built from source).
 # 3. The default model, in the per-user data directory (`edge-llm model fetch`; idempotent); for `test` also
 #    gemma-3-270m, the second catalogued model, and the pinned ollama npm package (tests/integration/ollama_js).
 set -euo pipefail
@@ -76,7 +77,7 @@ if [ ! -f "$stamp" ]; then
   echo "installing dependencies (the first llama-cpp-python build takes several minutes)" >&2
   .venv/bin/python -m pip install --disable-pip-version-check -q --upgrade "pip==25.3"
   CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
-    .venv/bin/python -m pip install --disable-pip-version-check -q -e ".[test]"
+    .venv/bin/python -m pip install --disable-pip-version-check -q -e ".[test,docs]"
   rm -f .venv/.edge-llm-installed-*
   touch "$stamp"
 fi

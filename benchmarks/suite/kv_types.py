@@ -5,8 +5,8 @@ For each type pair:
   has served a ~900-token prompt (llama.cpp allocates the whole KV buffer at start);
 - decode speed: one stream of 64 greedy tokens (end tokens banned) after a ~900-token prompt from the prefix
   cache, and 4 such streams at once (their tokens per second of decode, from the answers' timings);
-- quality, in this process with llama_cpp alone (as raw.py): a fixed text (the start of this repository's
-  README, 1,024 tokens) decoded teacher-forced, its mean log-likelihood per token and each position's greedy
+- quality, in this process with llama_cpp alone (as raw.py): a fixed text (the start of
+  docs/speculative.md, 1,024 tokens; before 4 Dec 2026 the README's, which became too short) decoded teacher-forced, its mean log-likelihood per token and each position's greedy
   (argmax) token; against f16: the share of positions with the same greedy token and the mean log-likelihood
   difference; and the server's greedy answer of 64 tokens, how many tokens it agrees with f16's from the start.
 """
@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 TYPES = (("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "q4_0"))  # --quick: the first three
 CTX = 8192
 QUALITY_TOKENS = 1024
+QUALITY_TEXT = "docs/speculative.md"  # prose of this repository, at least QUALITY_TOKENS long
 ANSWER_TOKENS = 64
 AGREEMENT_TOKENS = 64
 QUESTION = "Summarize rule 3 in one sentence, then list the rules about tests."
@@ -50,7 +51,7 @@ def label(type_k: str, type_v: str) -> str:
 
 
 def quality_text_tokens(llama_cpp: Any, vocab: Any) -> list[int]:
-    data = (REPO / "README.md").read_text(encoding="utf-8").encode()
+    data = (REPO / QUALITY_TEXT).read_text(encoding="utf-8").encode()
     tokens = (llama_cpp.llama_token * (len(data) + 8))()
     count = llama_cpp.llama_tokenize(vocab, data, len(data), tokens, len(tokens), False, False)
     return list(tokens[:min(count, QUALITY_TOKENS)])
@@ -186,6 +187,7 @@ def run_kv_types(model: Path, plan: Plan, checkpoint: Callable[[dict[str, Any]],
         row["mean_loglik"] = statistics.fmean(ours["loglik"])
         row["mean_loglik_diff"] = row["mean_loglik"] - statistics.fmean(base["loglik"])
         row["quality_tokens"] = quality["tokens"]
+        row["quality_text"] = QUALITY_TEXT
         results["types"].append(row)
         checkpoint(results)
     for row in results["types"]:
@@ -201,13 +203,14 @@ def run_kv_types(model: Path, plan: Plan, checkpoint: Callable[[dict[str, Any]],
 
 def kv_types_markdown(results: dict[str, Any]) -> str:
     meta = results["meta"]
+    first = results["types"][0]
     lines = [
         "# KV cache types (`--only kv-types`)",
         "",
         f"{meta['date']}, {meta['model']}, {meta['threads']} threads, commit {meta['commit']}; context {CTX:,} cells, "
         f"`--parallel 4`. Decode: {ANSWER_TOKENS} greedy tokens after a ~900-token prompt (from the prefix cache). "
-        f"Quality: {results['types'][0].get('quality_tokens', QUALITY_TOKENS)} tokens of README.md teacher-forced, "
-        "against f16; the answer: a 64-token greedy completion, tokens equal to f16's from the start.",
+        f"Quality: {first.get('quality_tokens', QUALITY_TOKENS)} tokens of {first.get('quality_text', 'README.md')} "
+        "teacher-forced, against f16; the answer: a 64-token greedy completion, tokens equal to f16's from the start.",
         "",
         "| KV cache | KV estimate | KV gauge | RSS after | decode tok/s (1) | tok/s each (4) | tok/s total (4) "
         "| greedy agreement | mean log-lik | Δ log-lik vs f16 | answer tokens = f16 |",

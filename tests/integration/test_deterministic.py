@@ -1,5 +1,5 @@
 """--deterministic on the real model: a temperature-0 or seeded request gives the same bytes whatever the prefix cache
-holds, whatever runs beside it, however its prompt is chunked and whether it drafts (README, Deterministic mode).
+holds, whatever runs beside it, however its prompt is chunked and whether it drafts (docs/determinism.md).
 
 Each test sends the same body under conditions that change the arithmetic of the default mode (the same probes give
 2-3 distinct answers of 5 there) and asserts one answer. The server's batch size is small so that the long system

@@ -17,7 +17,7 @@ COUNT = [{"role": "user", "content": "Count from 1 to 12, separated by commas an
 
 # Tests that compare the exact text of two requests use `repeatable_client`: a server that runs one request at a
 # time without a prefix cache, the only place where the same temperature-0 or seeded request is guaranteed to give
-# the same text (README, `seed`). Elsewhere prompt KV from the cache and batch mates can change the rounding.
+# the same text (docs/api/openai.md, `seed`). Elsewhere prompt KV from the cache and batch mates can change the rounding.
 
 
 def stream_text(client: openai.OpenAI, **kwargs: Any) -> str:

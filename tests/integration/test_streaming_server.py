@@ -110,7 +110,7 @@ def test_openai_client_non_streaming_with_usage(client: openai.OpenAI, model_id:
 def test_temperature_zero_repeats_and_stream_equals_non_stream_alone_without_prefix_cache(
     repeatable_client: openai.OpenAI, model_id: str
 ) -> None:
-    # Guaranteed only for a request that runs alone and is prefilled cold (README, `seed`): the prefix cache
+    # Guaranteed only for a request that runs alone and is prefilled cold (docs/api/openai.md, `seed`): the prefix cache
     # and batch mates change how the prompt KV and the logits are rounded.
     client = repeatable_client
     messages = [{"role": "user", "content": "Describe a cat in two sentences."}]
