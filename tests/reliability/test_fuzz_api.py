@@ -35,6 +35,11 @@ from tests.reliability.support import (
 )
 
 EXAMPLES = env_int("EDGE_LLM_FUZZ_EXAMPLES", 12)
+# schemathesis stops reading an event stream after 20 events (its default `max-stream-events`) and closes the
+# connection: the server sees a client leaving, and the body ends mid-stream without its end marker. The largest
+# stream here (8 choices of 8 tokens each, a finish chunk per choice, usage, [DONE]; the Responses API's events) is
+# far below this, so every stream is read to its end.
+MAX_STREAM_EVENTS = 10_000
 
 # Every operation of /openapi.json; test_every_documented_operation_is_fuzzed keeps this list honest.
 OPERATIONS = [
@@ -94,6 +99,7 @@ def before_fuzzing(fuzz_server: RunningServer) -> Samples:
 def api_schema(fuzz_server: RunningServer, before_fuzzing: Samples) -> schemathesis.BaseSchema:
     schema = schemathesis.openapi.from_url(fuzz_server.url + "/openapi.json", timeout=60)
     schema.config.generation.update(allow_x00=True)  # NUL characters inside generated strings
+    schema.config.max_stream_events = MAX_STREAM_EVENTS
     return schema
 
 
@@ -180,6 +186,7 @@ def fuzz(server: RunningServer, schema: schemathesis.BaseSchema, method: str, pa
         where = f"{mode.value} {method} {path}: {case.as_curl_command()[:800]}"
         response = case.call(base_url=server.url, timeout=TIMEOUT)
         sent[0] += 1
+        assert not response.stream_cut_short, f"{where}: the client stopped reading the stream (not the server)"
         check_answer(path, response.status_code, {k.lower(): v[0] for k, v in response.headers.items()},
                      response.content, where)
         if isinstance(case.body, dict):
@@ -193,6 +200,21 @@ def fuzz(server: RunningServer, schema: schemathesis.BaseSchema, method: str, pa
 
     run()
     return sent[0]
+
+
+def test_a_stream_of_many_events_is_read_to_its_end(fuzz_server: RunningServer,
+                                                    api_schema: schemathesis.BaseSchema) -> None:
+    """The CI flake of a streamed completion with n=7 cut without [DONE]: schemathesis had stopped reading it."""
+    operation = operation_of(api_schema, "POST", "/v1/completions")
+    case = operation.Case(body={"prompt": "\n", "stream": True, "n": 7, "max_tokens": 8, "ignore_eos": True,
+                                "cache_prompt": False}, media_type="application/json")
+    response = case.call(base_url=fuzz_server.url, timeout=TIMEOUT)
+    events = [block for block in response.content.split(b"\n\n") if block.startswith(b"data: ")]
+    assert not response.stream_cut_short and response.content.endswith(b"data: [DONE]\n\n"), response.content[-300:]
+    assert len(events) > 20, f"only {len(events)} events: the case no longer tells"  # schemathesis's default: 20
+    finished = [json.loads(block[6:])["choices"][0] for block in events[:-1]]
+    reasons = sorted((c["index"], c["finish_reason"]) for c in finished if c["finish_reason"] is not None)
+    assert [index for index, _ in reasons] == list(range(7)), reasons  # every choice ended, once
 
 
 def test_every_documented_operation_is_fuzzed(api_schema: schemathesis.BaseSchema) -> None:
