@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +75,29 @@ _ABORT_CHECK = llama_cpp.ggml_abort_callback(STRLEN_ADDRESS)
 _TILED_MATMUL_SWITCH = "GGML_CPU_TILED_MM"
 
 
+def _context_params(config: ContextConfig) -> llama_cpp.llama_context_params:
+    ctx_params = llama_cpp.llama_context_default_params()
+    ctx_params.n_ctx = config.n_ctx
+    ctx_params.n_batch = config.n_batch
+    ctx_params.n_ubatch = min(config.n_batch, 512)
+    ctx_params.n_seq_max = config.n_seq_max
+    if config.logit_rows > 0:
+        # llama.cpp sizes its worst-case graph for n_outputs_max rows of logits (n_batch by default: 300 MiB of
+        # compute buffer on the default model, most of it never used) and aborts a batch that asks for more.
+        ctx_params.n_outputs_max = max(config.logit_rows, config.n_seq_max)
+    ctx_params.n_threads = config.n_threads
+    ctx_params.n_threads_batch = config.n_threads_batch
+    # One stream for every sequence shares cells (a prefix copy costs nothing); a stream per sequence keeps each
+    # sequence's cells in position order, which attention sums in (--deterministic).
+    ctx_params.kv_unified = not config.deterministic
+    ctx_params.no_perf = True
+    # (a quantized V with flash attention off is refused by the settings; llama.cpp turns auto on for it)
+    ctx_params.type_k = KV_TYPES[config.cache_type_k].ggml_type
+    ctx_params.type_v = KV_TYPES[config.cache_type_v].ggml_type
+    ctx_params.flash_attn_type = _FLASH_ATTN[config.flash_attn]
+    return ctx_params
+
+
 class LlamaRunner:
     def __init__(self, model_path: Path, config: ContextConfig) -> None:
         self.config = config
@@ -85,26 +109,14 @@ class LlamaRunner:
         model_params.use_extra_bufts = not config.deterministic
         self._model = load_model(model_path, model_params)
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
-        ctx_params = llama_cpp.llama_context_default_params()
-        ctx_params.n_ctx = config.n_ctx
-        ctx_params.n_batch = config.n_batch
-        ctx_params.n_ubatch = min(config.n_batch, 512)
-        ctx_params.n_seq_max = config.n_seq_max
-        if config.logit_rows > 0:
-            # llama.cpp sizes its worst-case graph for n_outputs_max rows of logits (n_batch by default: 300 MiB of
-            # compute buffer on the default model, most of it never used) and aborts a batch that asks for more.
-            ctx_params.n_outputs_max = max(config.logit_rows, config.n_seq_max)
-        ctx_params.n_threads = config.n_threads
-        ctx_params.n_threads_batch = config.n_threads_batch
-        # One stream for every sequence shares cells (a prefix copy costs nothing); a stream per sequence keeps each
-        # sequence's cells in position order, which attention sums in (--deterministic).
-        ctx_params.kv_unified = not config.deterministic
-        ctx_params.no_perf = True
-        # (a quantized V with flash attention off is refused by the settings; llama.cpp turns auto on for it)
-        ctx_params.type_k = KV_TYPES[config.cache_type_k].ggml_type
-        ctx_params.type_v = KV_TYPES[config.cache_type_v].ggml_type
-        ctx_params.flash_attn_type = _FLASH_ATTN[config.flash_attn]
-        self._ctx = create_context(self._model, ctx_params)
+        self._n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self._pieces: dict[int, bytes] = {}
+        # Two Python passes over the vocabulary (~0.15 s of CPU on a 150k vocabulary) run beside the context's
+        # creation, which is C work without the GIL: start-up is shorter by about that much (issue 40).
+        with ThreadPoolExecutor(1, thread_name_prefix="edge-llm-vocabulary") as pool:
+            vocabulary = pool.submit(self._scan_vocabulary)
+            self._ctx = create_context(self._model, _context_params(config))
+            self._end_tokens, self._control = vocabulary.result()
         if not self._ctx:
             llama_cpp.llama_model_free(self._model)
             raise ModelLoadError(
@@ -116,9 +128,6 @@ class LlamaRunner:
         self._abort_flag = ctypes.create_string_buffer(2)
         llama_cpp.llama_set_abort_callback(self._ctx, _ABORT_CHECK, ctypes.cast(self._abort_flag, ctypes.c_void_p))
         self._batch = llama_cpp.llama_batch_init(config.n_batch, 0, 1)
-        self._n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
-        self._pieces: dict[int, bytes] = {}
-        self._end_tokens = tuple(t for t in range(self._n_vocab) if self.is_end_of_generation(t))  # ~0.2 s
         self._grammars = CompiledGrammars(self._compile_grammar, llama_cpp.llama_sampler_clone,
                                           llama_cpp.llama_sampler_free)
         self._sampling = TokenSampling(self._ctx, self._n_vocab, self._end_tokens, self._grammars, self.piece,
@@ -127,6 +136,7 @@ class LlamaRunner:
         self._embedding: EmbeddingContext | None = None
         self._batch_row: list[int] | None = None  # plan row → batch row, when decode reorders them
         self._reserve_outputs(min(config.logit_rows, config.n_batch, config.n_ctx))
+
 
     def _reserve_outputs(self, rows: int) -> None:
         """llama.cpp grows its output buffer to the largest step's rows of logits, and its pages count once written:
@@ -185,14 +195,16 @@ class LlamaRunner:
             embedding_dimensions=llama_cpp.llama_model_n_embd_out(self._model) if self._embeds_in_chunks(metadata) else 0,
             embedding_max_tokens=min(EMBEDDING_MAX_TOKENS, self.config.n_ctx,
                                      max(1, llama_cpp.llama_model_n_ctx_train(self._model))),
-            control_tokens=self._control_tokens(),
+            control_tokens=self._control,
         )
 
-    def _control_tokens(self) -> dict[str, int]:
+    def _scan_vocabulary(self) -> tuple[tuple[int, ...], dict[str, int]]:
+        """The end-of-generation tokens, and the control tokens by their text."""
         parsed_only_as_special = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
-        return {text: token for token in range(self._n_vocab)
-                if llama_cpp.llama_vocab_get_attr(self._vocab, token) & parsed_only_as_special
-                and (text := self._special_text(token))}
+        end_tokens = tuple(t for t in range(self._n_vocab) if self.is_end_of_generation(t))
+        return end_tokens, {text: token for token in range(self._n_vocab)
+                            if llama_cpp.llama_vocab_get_attr(self._vocab, token) & parsed_only_as_special
+                            and (text := self._special_text(token))}
 
     def _embeds_in_chunks(self, metadata: dict[str, str]) -> bool:
         """Embeddings are computed a chunk at a time (embedding.py), which needs a causal decoder: an encoder-decoder
