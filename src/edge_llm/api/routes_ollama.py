@@ -127,7 +127,8 @@ async def ollama_copy(request: Request) -> Response:
     return Response(status_code=200)
 
 
-# Not in the OpenAPI document: a route that always answers 501 is no operation of this API (README lists them).
+# Not in the OpenAPI document: a route that always answers 501 is no operation of this API (docs/api/index.md
+# lists them).
 @ollama_router.post("/api/create", include_in_schema=False)
 async def ollama_create(request: Request) -> Response:
     raise OllamaModelServing.not_offered("Creating a model (/api/create)")

@@ -382,7 +382,7 @@ class Serving:
 
 
 def prefill_note(index: int, progress: PrefillProgress) -> str:
-    """The comment line a stream shows while a long prompt is prefilled (README, Streaming)."""
+    """The comment line a stream shows while a long prompt is prefilled (docs/operations.md, Limits)."""
     choice = f" (choice {index})" if index else ""
     return f"prefill {progress.processed}/{progress.total} tokens, {progress.cached} cached{choice}"
 

@@ -53,8 +53,8 @@ class ContextConfig:
     cache_type_v: str = "f16"
     flash_attn: str = "auto"  # auto | on | off
     logit_rows: int = 0  # the most rows of logits a step asks for (config.logit_rows): written once at load
-    # --deterministic: one KV stream per sequence, no repacked weights, ggml's tiled matmul off (README, Deterministic
-    # mode); the settings make the KV cache quantized and flash attention on
+    # --deterministic: one KV stream per sequence, no repacked weights, ggml's tiled matmul off (docs/determinism.md);
+    # the settings make the KV cache quantized and flash attention on
     deterministic: bool = False
     grammar_step_budget: float = 1.0  # seconds one sequence's grammar may take in one step (config.py)
 
