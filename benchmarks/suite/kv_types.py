@@ -61,7 +61,7 @@ def teacher_forced(model: Path, type_k: str, type_v: str) -> dict[str, Any]:
     """Each position's log-likelihood of the next token of the fixed text, and its argmax token."""
     import llama_cpp
 
-    from edge_llm.engine.kv_types import KV_TYPES
+    from edge_llm.engine.llama.kv_types import KV_TYPES
 
     _silence_llama(llama_cpp)
     llama_cpp.llama_backend_init()

@@ -1,5 +1,5 @@
 """`--only step-cost` (issue 17): what a decode step costs by its rows and the cells they attend, the measurement
-engine/step_cost.py's CPU_STEP_COST comes from.
+engine/speculative/step_cost.py's CPU_STEP_COST comes from.
 
 In this process, through the engine's runner with the server's context settings: b sequences (1, 2, 4) each holding
 n cells (64 to 3,000) decode their next token plus k draft rows of the first sequence (0 to 20), every row with
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_llm.engine.step_cost import CPU_STEP_COST
+from edge_llm.engine.speculative.step_cost import CPU_STEP_COST
 
 from .plan import THREADS
 from .report import fmt
@@ -41,7 +41,7 @@ def measure_steps(model: Path, repeats: int = REPEATS, cells: tuple[int, ...] = 
                   batches: tuple[int, ...] = BATCHES) -> dict[str, dict[str, float]]:
     """{"cells/b": {k: median ms}}."""
     from edge_llm.engine.llama.runner import ContextConfig, LlamaRunner
-    from edge_llm.engine.step_plan import KvTrim, StepPlan
+    from edge_llm.engine.scheduling.step_plan import KvTrim, StepPlan
 
     most = max(batches) * max(cells) + max(DRAFT_ROWS) + 64
     runner = LlamaRunner(model, ContextConfig(n_ctx=max(8192, most), n_batch=512, n_seq_max=16, n_threads=THREADS,

@@ -24,8 +24,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from edge_llm.engine.kv_types import KvCacheType, is_quantized
-from edge_llm.engine.speculation import MAX_DRAFT_ROWS
+from edge_llm.engine.llama.kv_types import KvCacheType, is_quantized
+from edge_llm.engine.speculative.speculation import MAX_DRAFT_ROWS
 from edge_llm.models.fetch import MODELS_DIR_ENV, default_model_path
 
 logger = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from edge_llm.engine.prefix_store import encode_entry, read_header, read_state
+from edge_llm.engine.prefix_cache.store import encode_entry, read_header, read_state
 from edge_llm.models.gguf_info import read_model_facts
 from edge_llm.testing.server import MODEL, RunningServer, run_server
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from edge_llm.engine.llama.runner import ContextConfig, LlamaRunner
-from edge_llm.engine.step_plan import StepPlan
+from edge_llm.engine.scheduling.step_plan import StepPlan
 from edge_llm.engine.types import StepAbortedError
 from edge_llm.testing.server import MODEL
 

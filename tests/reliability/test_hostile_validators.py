@@ -59,7 +59,7 @@ CASES: dict[str, bytes] = {
 # The megabyte prompt is tokenized and rendered on the tokenizer thread, off the loop, but the GIL hand-overs
 # still cost /healthz 100-240 ms on this shared machine now and then, and it holds the tokenizer thread (a
 # neighbour waited 12 s): docs/reliability.md, known gaps. It is in the memory test only.
-# A megabyte of grammar alternatives is read by the GBNF parser (engine/gbnf, Python) on the tokenizer thread:
+# A megabyte of grammar alternatives is read by the GBNF parser (engine/grammar/gbnf, Python) on the tokenizer thread:
 # /healthz took 118-201 ms beside it (the same GIL hand-overs); in the neighbour and memory tests only.
 TIMED = [case for case in CASES if case not in ("a megabyte prompt", "grammar: a megabyte of alternatives")]
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 
-from edge_llm.engine.step_plan import KvShift, KvTrim
-from edge_llm.engine.scheduler import KvCopy, KvOp, KvRemove, Phase, Scheduler, Sequence, StepPlan
+from edge_llm.engine.scheduling.step_plan import KvShift, KvTrim
+from edge_llm.engine.scheduling.scheduler import KvCopy, KvOp, KvRemove, Phase, Scheduler, Sequence, StepPlan
 
 
 class _Cell:
@@ -166,7 +166,7 @@ class Driver:
 
     def _sample(self, sequence: Sequence, finish_at_max: bool) -> bool:
         """Samples `sequence`'s next token, and with a draft in flight the next ones while they confirm it (as
-        engine/acceptance.py does), settles the draft, then passes them on; True when it finished (max_tokens)."""
+        engine/speculative/acceptance.py does), settles the draft, then passes them on; True when it finished (max_tokens)."""
         self.check_sample_point(sequence)
         draft = sequence.speculation.in_flight if sequence.speculation is not None else ()
         tokens: list[int] = []

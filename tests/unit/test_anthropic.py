@@ -25,7 +25,7 @@ from edge_llm.api.protocol_anthropic import (
 from edge_llm.api.security import ApiKeyAuth
 from edge_llm.api.serving.messages import _Blocks, tool_use_block
 from edge_llm.api.sse import decode_events
-from edge_llm.engine.text import OutputText
+from edge_llm.engine.thread.text import OutputText
 from edge_llm.engine.types import Finished, FinishReason, Usage
 from edge_llm.prompting.chat_template import ChatTemplate
 from edge_llm.prompting.prompt import PromptBuilder

@@ -1,4 +1,4 @@
-"""The cache of compiled grammars (engine/grammar.py CompiledGrammars) with fake handles: the engine thread gets
+"""The cache of compiled grammars (engine/grammar/compiled.py) with fake handles: the engine thread gets
 copies, the originals are freed exactly once, and the cache stays bounded."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from edge_llm.engine.grammar import CompiledGrammars
+from edge_llm.engine.grammar.compiled import CompiledGrammars
 
 
 @dataclass

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge_llm.engine.channel import Outbox, ReplyChannel
-from edge_llm.engine.embeddings import EmbeddingQueue
+from edge_llm.engine.thread.channel import Outbox, ReplyChannel
+from edge_llm.engine.thread.embeddings import EmbeddingQueue
 from edge_llm.engine.types import Embedded, EmbeddingRequest, EmbeddingUnavailableError, Failed, Pooling
 
 DIM = 6

@@ -1,4 +1,4 @@
-"""The engine thread (engine/worker.py) with a scripted fake runner: no model, no llama_cpp."""
+"""The engine thread (engine/thread/worker.py) with a scripted fake runner: no model, no llama_cpp."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
-from edge_llm.engine.channel import ReplyChannel
-from edge_llm.engine.scheduler import KvCopy, KvRemove, StepPlan
+from edge_llm.engine.thread.channel import ReplyChannel
+from edge_llm.engine.scheduling.scheduler import KvCopy, KvRemove, StepPlan
 from edge_llm.engine.types import (
     EngineUnavailableError,
     Failed,
@@ -23,7 +23,7 @@ from edge_llm.engine.types import (
     StepAbortedError,
     TextDelta,
 )
-from edge_llm.engine.worker import Engine
+from edge_llm.engine.thread.worker import Engine
 
 from .scheduler_model import KvModel
 

@@ -19,7 +19,7 @@ from edge_llm.engine.types import (
     GenerationRequest,
     QueueFullError,
 )
-from edge_llm.engine.watchdog import Watchdog
+from edge_llm.engine.thread.watchdog import Watchdog
 
 
 class FakeVocabulary:

@@ -1,4 +1,4 @@
-"""The GBNF reader (engine/gbnf/syntax.py) reads what llama.cpp reads, and the bounds (engine/gbnf/bounds.py) refuse,
+"""The GBNF reader (engine/grammar/gbnf/syntax.py) reads what llama.cpp reads, and the bounds (engine/grammar/gbnf/bounds.py) refuse,
 naming the rule, what would crash or stall llama.cpp."""
 
 from __future__ import annotations
@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from edge_llm.engine.gbnf.bounds import (
+from edge_llm.engine.grammar.gbnf.bounds import (
     MAX_EXPANDED_ELEMENTS,
     MAX_LEFT_CHAIN,
     MAX_REPETITION_PRODUCT,
     MAX_STACKS,
     measure,
 )
-from edge_llm.engine.gbnf.errors import GrammarError
-from edge_llm.engine.gbnf.syntax import MAX_NESTING, Ref, Repeat, Terminal, parse_gbnf
-from edge_llm.engine.grammar import check_grammar_limits
+from edge_llm.engine.grammar.errors import GrammarError
+from edge_llm.engine.grammar.gbnf.syntax import MAX_NESTING, Ref, Repeat, Terminal, parse_gbnf
+from edge_llm.engine.grammar.limits import check_grammar_limits
 
 LLAMA_CPP_GRAMMARS = sorted((Path(__file__).parents[1] / "fixtures" / "gbnf").glob("*.gbnf"))
 

@@ -6,14 +6,10 @@ from typing import Any
 
 import pytest
 
-from edge_llm.engine.gbnf.bounds import MAX_STACKS
-from edge_llm.engine.gbnf.syntax import MAX_NESTING
-from edge_llm.engine.grammar import (
-    MAX_SCHEMA_REPETITION,
-    GrammarError,
-    check_grammar_limits,
-    check_schema_limits,
-)
+from edge_llm.engine.grammar.gbnf.bounds import MAX_STACKS
+from edge_llm.engine.grammar.gbnf.syntax import MAX_NESTING
+from edge_llm.engine.grammar.errors import GrammarError
+from edge_llm.engine.grammar.limits import MAX_SCHEMA_REPETITION, check_grammar_limits, check_schema_limits
 
 HUGE = MAX_SCHEMA_REPETITION + 1
 

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge_llm.engine.greedy import GreedyPicker
+from edge_llm.engine.llama.greedy import GreedyPicker
 from edge_llm.engine.llama.runner import ContextConfig, LlamaRunner
-from edge_llm.engine.scheduler import StepPlan
+from edge_llm.engine.scheduling.scheduler import StepPlan
 from edge_llm.engine.types import SamplingParams
 from edge_llm.testing.server import MODEL
 

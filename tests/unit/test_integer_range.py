@@ -1,4 +1,4 @@
-"""Integer bounds in JSON schemas as GBNF (engine/integer_range.py): each rule matches exactly the integers in its
+"""Integer bounds in JSON schemas as GBNF (engine/grammar/integer_range.py): each rule matches exactly the integers in its
 range, written as JSON writes them, checked against every number around the bounds."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from edge_llm.engine.integer_range import integer_range_rule
+from edge_llm.engine.grammar.integer_range import integer_range_rule
 
 
 def as_regex(rule: str) -> re.Pattern[str]:

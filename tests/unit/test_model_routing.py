@@ -14,7 +14,7 @@ from edge_llm.api.app import create_app
 from edge_llm.config import Settings
 from edge_llm.engine.facade import EngineClient
 from edge_llm.engine.types import ModelInfo
-from edge_llm.engine.worker import Engine
+from edge_llm.engine.thread.worker import Engine
 from edge_llm.registry.registry import ModelRegistry, ModelState
 from edge_llm.registry.specs import ModelSpec
 from tests.unit.test_ops_engine import SlowRunner

@@ -1,4 +1,4 @@
-"""Number bounds in JSON schemas as GBNF (engine/number_range.py): each rule matches exactly the plain decimals in its
+"""Number bounds in JSON schemas as GBNF (engine/grammar/number_range.py): each rule matches exactly the plain decimals in its
 range, checked against many numbers around and between the bounds."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from decimal import Decimal
 
 import pytest
 
-from edge_llm.engine.number_range import number_range_rule
+from edge_llm.engine.grammar.number_range import number_range_rule
 
 from .test_integer_range import as_regex
 

@@ -13,9 +13,9 @@ import pytest
 
 from edge_llm.api.app import create_app
 from edge_llm.config import Settings
-from edge_llm.engine.channel import ReplyChannel
+from edge_llm.engine.thread.channel import ReplyChannel
 from edge_llm.engine.facade import EngineClient
-from edge_llm.engine.scheduler import StepPlan
+from edge_llm.engine.scheduling.scheduler import StepPlan
 from edge_llm.engine.types import (
     EngineEvent,
     EngineStats,
@@ -27,7 +27,7 @@ from edge_llm.engine.types import (
     TextDelta,
     Usage,
 )
-from edge_llm.engine.worker import Engine
+from edge_llm.engine.thread.worker import Engine
 
 
 class _Sampler:

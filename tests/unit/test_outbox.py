@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from edge_llm.engine.channel import Outbox, ReplyChannel
+from edge_llm.engine.thread.channel import Outbox, ReplyChannel
 from edge_llm.engine.types import Finished, FinishReason, TextDelta, Usage
 
 

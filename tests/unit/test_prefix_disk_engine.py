@@ -1,4 +1,4 @@
-"""The persistent prefix cache wired into the engine thread (engine/worker.py + engine/prefix_disk.py), with the
+"""The persistent prefix cache wired into the engine thread (engine/thread/worker.py + engine/prefix_cache/disk.py), with the
 scripted fake runner of test_engine.py extended by the state API: what one engine saves, a restarted engine finds,
 loads into its KV model (checked cell by cell) and serves as `cached_tokens`. No model."""
 
@@ -8,10 +8,10 @@ import asyncio
 import json
 from pathlib import Path
 
-from edge_llm.engine.prefix_disk import DiskPrefixCache
-from edge_llm.engine.prefix_store import PrefixStore
+from edge_llm.engine.prefix_cache.disk import DiskPrefixCache
+from edge_llm.engine.prefix_cache.store import PrefixStore
 from edge_llm.engine.types import Finished, FinishReason, GenerationRequest
-from edge_llm.engine.worker import Engine
+from edge_llm.engine.thread.worker import Engine
 
 from .scheduler_model import _Cell
 from .test_engine import EOG, TIMEOUT, FakeRunner, collect, last, request, submit

@@ -1,5 +1,5 @@
-"""The persistent prefix cache's files and index (engine/prefix_store.py) and its engine-side rules
-(engine/prefix_disk.py) with a fake runner: no model."""
+"""The persistent prefix cache's files and index (engine/prefix_cache/store.py) and its engine-side rules
+(engine/prefix_cache/disk.py) with a fake runner: no model."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from edge_llm.engine.prefix_disk import DiskPrefixCache
-from edge_llm.engine.prefix_store import KEY_TOKENS, PrefixStore, entry_name, kv_fingerprint, read_header
-from edge_llm.engine.scheduler import Scheduler
-from edge_llm.engine.step_plan import KvOp
+from edge_llm.engine.prefix_cache.disk import DiskPrefixCache
+from edge_llm.engine.prefix_cache.store import KEY_TOKENS, PrefixStore, entry_name, kv_fingerprint, read_header
+from edge_llm.engine.scheduling.scheduler import Scheduler
+from edge_llm.engine.scheduling.step_plan import KvOp
 from edge_llm.engine.types import FinishReason
 
 FP = "a" * 64
@@ -55,7 +55,7 @@ def test_damaged_entries_are_never_loaded(tmp_path: Path, damage: str, caplog: p
         path.write_bytes(os.urandom(len(data)))
     else:
         path.write_bytes(b"")
-    with caplog.at_level(logging.WARNING, logger="edge_llm.engine.prefix_store"):
+    with caplog.at_level(logging.WARNING, logger="edge_llm.engine.prefix_cache.store"):
         again = store(tmp_path)
         match = again.best_match(tokens)
         if match is not None:  # a flipped state byte passes the header check: the checksum catches it on load
@@ -81,7 +81,7 @@ def test_a_file_damaged_after_the_start_is_refused_on_load(tmp_path: Path) -> No
 def test_foreign_entries_are_ignored_and_left_alone(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     tokens = prompt(300)
     store(tmp_path, fingerprint="b" * 64).write(tokens, STATE)
-    with caplog.at_level(logging.WARNING, logger="edge_llm.engine.prefix_store"):
+    with caplog.at_level(logging.WARNING, logger="edge_llm.engine.prefix_cache.store"):
         ours = store(tmp_path)
     assert ours.best_match(tokens) is None and len(ours) == 0
     assert "another model file or KV settings" in caplog.text

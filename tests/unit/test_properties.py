@@ -9,9 +9,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from edge_llm.api.sse import decode_events, encode_event
-from edge_llm.engine.scheduler import MAX_PREEMPTIONS, KvCopy, KvRemove, Phase, RequestTooLargeError, Scheduler
-from edge_llm.engine.step_cost import CPU_STEP_COST, StepCost
-from edge_llm.engine.text import OutputText, StopMatcher, Utf8Assembler
+from edge_llm.engine.scheduling.scheduler import MAX_PREEMPTIONS, KvCopy, KvRemove, Phase, RequestTooLargeError, Scheduler
+from edge_llm.engine.speculative.step_cost import CPU_STEP_COST, StepCost
+from edge_llm.engine.thread.text import OutputText, StopMatcher, Utf8Assembler
 
 from .scheduler_model import Driver
 

@@ -1,10 +1,10 @@
-"""The batch scheduler (engine/scheduler.py), driven as the engine drives it."""
+"""The batch scheduler (engine/scheduling/scheduler.py), driven as the engine drives it."""
 
 from __future__ import annotations
 
 import pytest
 
-from edge_llm.engine.scheduler import (
+from edge_llm.engine.scheduling.scheduler import (
     KvCopy,
     KvRemove,
     Phase,

@@ -1,4 +1,4 @@
-"""KV cells on demand (engine/scheduler.py, engine/kv_ledger.py): shared prefixes count once, the prefix
+"""KV cells on demand (engine/scheduling/scheduler.py, engine/scheduling/kv_ledger.py): shared prefixes count once, the prefix
 cache goes before any running sequence, and preemption by recompute loses and repeats nothing."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from edge_llm.engine.kv_ledger import KvLedger
-from edge_llm.engine.step_plan import KvCopy, KvShift, KvTrim
-from edge_llm.engine.scheduler import MAX_PREEMPTIONS, KvRemove, Phase, RequestTooLargeError, Scheduler, Sequence
+from edge_llm.engine.scheduling.kv_ledger import KvLedger
+from edge_llm.engine.scheduling.step_plan import KvCopy, KvShift, KvTrim
+from edge_llm.engine.scheduling.scheduler import MAX_PREEMPTIONS, KvRemove, Phase, RequestTooLargeError, Scheduler, Sequence
 
 from .scheduler_model import Driver
 

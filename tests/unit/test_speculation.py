@@ -9,10 +9,10 @@ from collections import Counter
 
 import pytest
 
-from edge_llm.engine.acceptance import verify
-from edge_llm.engine.drafting import NGRAM_SIZES, Draft, NgramDrafter
-from edge_llm.engine.kv_ledger import KvLedger
-from edge_llm.engine.speculation import (
+from edge_llm.engine.speculative.acceptance import verify
+from edge_llm.engine.speculative.drafting import NGRAM_SIZES, Draft, NgramDrafter
+from edge_llm.engine.scheduling.kv_ledger import KvLedger
+from edge_llm.engine.speculative.speculation import (
     MAX_DRAFT_ROWS,
     PRIOR_RATE,
     GATE_ALONE,
@@ -22,10 +22,10 @@ from edge_llm.engine.speculation import (
     SpeculationStats,
     allocate,
 )
-from edge_llm.engine.step_cost import CPU_STEP_COST, StepCost
-from edge_llm.engine.step_plan import KvTrim
+from edge_llm.engine.speculative.step_cost import CPU_STEP_COST, StepCost
+from edge_llm.engine.scheduling.step_plan import KvTrim
 from edge_llm.engine.types import Finished, FinishReason, GenerationRequest, SamplingParams, TextDelta
-from edge_llm.engine.worker import Engine
+from edge_llm.engine.thread.worker import Engine
 
 from .test_engine import EOG, TIMEOUT, FakeRunner, collect, last, submit, text_of
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.suite import step_cost as sc
-from edge_llm.engine.step_cost import CPU_STEP_COST, StepCost
+from edge_llm.engine.speculative.step_cost import CPU_STEP_COST, StepCost
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 

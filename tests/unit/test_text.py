@@ -1,4 +1,4 @@
-"""Incremental UTF-8 assembly and stop-string matching (engine/text.py)."""
+"""Incremental UTF-8 assembly and stop-string matching (engine/thread/text.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from itertools import combinations
 
 import pytest
 
-from edge_llm.engine.text import OutputText, StopMatcher, Utf8Assembler
+from edge_llm.engine.thread.text import OutputText, StopMatcher, Utf8Assembler
 
 SAMPLES = [
     "héllo wörld",

@@ -1,11 +1,11 @@
-"""Finding a chunk of an old prompt again, moved, in a new one (engine/token_match.py)."""
+"""Finding a chunk of an old prompt again, moved, in a new one (engine/scheduling/token_match.py)."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge_llm.engine.token_match import common_prefix_length, moved_chunk
+from edge_llm.engine.scheduling.token_match import common_prefix_length, moved_chunk
 
 
 def test_typed_and_deleted_text_move_the_rest_forward_and_back() -> None:

@@ -1,4 +1,4 @@
-"""engine/watchdog.py: a job past the limit is reported once, named with its requests, until it ends."""
+"""engine/thread/watchdog.py: a job past the limit is reported once, named with its requests, until it ends."""
 
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ import logging
 
 import pytest
 
-from edge_llm.engine.watchdog import Watchdog
+from edge_llm.engine.thread.watchdog import Watchdog
 from tests.helpers import wait_for
 
 
 def test_a_job_past_the_limit_is_a_stall_until_it_ends(caplog: pytest.LogCaptureFixture) -> None:
     watchdog = Watchdog("engine", 0.05)
     try:
-        with caplog.at_level(logging.WARNING, logger="edge_llm.engine.watchdog"):
+        with caplog.at_level(logging.WARNING, logger="edge_llm.engine.thread.watchdog"):
             watchdog.begin("step", lambda: ["req-1", "req-2"])
             wait_for(lambda: watchdog.stall() is not None, 10, "the stall")
             stall = watchdog.stall()

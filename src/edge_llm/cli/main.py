@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help=f"the GGUF file (default: the default model, {default_model_path()})")
     info.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     info.add_argument("--ctx", type=int, default=8192, metavar="N", help="context size for the memory estimate")
-    from edge_llm.engine.kv_types import KV_TYPES
+    from edge_llm.engine.llama.kv_types import KV_TYPES
 
     for which in ("k", "v"):
         info.add_argument(f"--cache-type-{which}", choices=tuple(KV_TYPES), default="f16", metavar="TYPE",
@@ -281,7 +281,7 @@ def _graceful_server(app, settings: Settings):  # type: ignore[no-untyped-def]
 def _engine_factory(settings: Settings):  # type: ignore[no-untyped-def]
     """Makes one model's engine (not started: the registry starts it, which loads the model)."""
     from edge_llm.engine.facade import EngineClient
-    from edge_llm.engine.worker import Engine
+    from edge_llm.engine.thread.worker import Engine
     from edge_llm.registry.specs import ModelSpec
 
     def make(spec: ModelSpec) -> EngineClient:
@@ -339,12 +339,12 @@ def _kv_bytes_per_cell(settings: Settings, path: Path) -> int:
 
 
 def _disk_cache(settings: Settings, path: Path, name: str):  # type: ignore[no-untyped-def]
-    """The persistent prefix cache (engine/prefix_disk.py) when --prefix-cache-dir is set; with --models-dir, a
+    """The persistent prefix cache (engine/prefix_cache/disk.py) when --prefix-cache-dir is set; with --models-dir, a
     folder of it per model (each under the whole disk budget)."""
     if settings.prefix_cache_dir is None:
         return None
-    from edge_llm.engine.prefix_disk import DiskPrefixCache
-    from edge_llm.engine.prefix_store import PrefixStore, kv_fingerprint
+    from edge_llm.engine.prefix_cache.disk import DiskPrefixCache
+    from edge_llm.engine.prefix_cache.store import PrefixStore, kv_fingerprint
 
     directory = settings.prefix_cache_dir if settings.models_dir is None else settings.prefix_cache_dir / name
     fingerprint = kv_fingerprint(path, cache_type_k=settings.cache_type_k,

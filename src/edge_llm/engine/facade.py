@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar, cast
 
-from edge_llm.engine.channel import ReplyChannel
-from edge_llm.engine.grammar import GrammarError
+from edge_llm.engine.thread.channel import ReplyChannel
+from edge_llm.engine.grammar.errors import GrammarError
 from edge_llm.engine.hooks import EngineObserver
 from edge_llm.engine.types import (
     EmbeddingRequest,
@@ -36,8 +36,8 @@ from edge_llm.engine.types import (
     GenerationRequest,
     ModelInfo,
 )
-from edge_llm.engine.watchdog import Watchdog
-from edge_llm.engine.worker import Engine
+from edge_llm.engine.thread.watchdog import Watchdog
+from edge_llm.engine.thread.worker import Engine
 from edge_llm.logs import current_request_id
 
 __all__ = ["EngineClient", "GrammarError", "ReplyChannel"]
@@ -247,7 +247,7 @@ class EngineClient:
     # ---- grammar -------------------------------------------------------------------------------
 
     def check_grammar(self, grammar: str) -> None:
-        """Checks a GBNF grammar against the limits (engine/grammar.py) and compiles it once with the model's
+        """Checks a GBNF grammar against the limits (engine/grammar/limits.py) and compiles it once with the model's
         vocabulary, so that the engine thread never sees one llama.cpp refuses. Raises `GrammarError`.
         Blocking: call it in the tokenizer thread."""
         self._model().check_grammar(grammar)

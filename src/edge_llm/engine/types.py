@@ -128,7 +128,7 @@ class EngineStats:
     drafted_by_position: tuple[int, ...] = ()  # draft tokens verified at draft position 1, 2, …
     accepted_by_position: tuple[int, ...] = ()  # … and accepted there
     kv_bytes_per_cell: int = 0  # K and V of one cell in every layer, in the cache's types (0: unknown)
-    disk_cache: dict[str, Any] | None = None  # the persistent prefix cache's figures (engine/prefix_disk.py), if on
+    disk_cache: dict[str, Any] | None = None  # the persistent prefix cache's figures (engine/prefix_cache/disk.py), if on
     watchdog_stalls: int = 0  # since start: steps or tokenizer jobs that ran past --watchdog-seconds
     stalled_threads: int = 0  # engine or tokenizer threads on such a job now
 

@@ -9,7 +9,7 @@ Memory at a context of `n_ctx` tokens (what `edge-llm serve` allocates, llama.cp
 
 - weights: the tensor data, memory-mapped from the file;
 - KV cache: n_layer × n_ctx × n_head_kv × (key_length × K bytes + value_length × V bytes), a value's bytes
-  being its cache type's (`--cache-type-k/-v`, engine/kv_types.py): 2 for f16, 34/32 for q8_0, 18/32 for q4_0
+  being its cache type's (`--cache-type-k/-v`, engine/llama/kv_types.py): 2 for f16, 34/32 for q8_0, 18/32 for q4_0
   (with key_length = value_length = head_dim and f16 this is n_layer × n_ctx × (n_head_kv × head_dim) × 2 × 2);
 - compute: llama.cpp's graph buffer, dominated by the logits of one micro-batch, estimated as
   4 bytes × n_ubatch × (n_vocab + 2 × n_embd), plus the output buffer, 4 bytes × n_vocab × logit_rows
@@ -30,8 +30,8 @@ from typing import Any
 
 from gguf import GGML_QUANT_SIZES, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType, Keys, LlamaFileType
 
-from edge_llm.engine.embeddings import EMBEDDING_BATCH, EMBEDDING_MAX_TOKENS
-from edge_llm.engine.kv_types import row_bytes
+from edge_llm.engine.thread.embeddings import EMBEDDING_BATCH, EMBEDDING_MAX_TOKENS
+from edge_llm.engine.llama.kv_types import row_bytes
 
 # `edge-llm serve`'s micro-batch: min(--batch-size, 512).
 DEFAULT_UBATCH = 512

@@ -461,7 +461,7 @@ class ModelRegistry:
         return True, "ok"
 
     def stall(self) -> str | None:
-        """What a loaded model's watchdog sees stuck now (engine/watchdog.py), in words, or None."""
+        """What a loaded model's watchdog sees stuck now (engine/thread/watchdog.py), in words, or None."""
         for name, client in self.loaded_clients():
             stall = client.stall()
             if stall is not None:

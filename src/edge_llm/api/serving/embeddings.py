@@ -2,7 +2,7 @@
 
 Inputs are strings or token ids (OpenAI's four forms); each is checked (not empty, within the model's embedding
 length, valid token ids) before the engine sees it. The vectors are pooled as `--pooling` says and L2-normalised;
-the engine computes them between decode steps (engine/embeddings.py).
+the engine computes them between decode steps (engine/thread/embeddings.py).
 """
 
 from __future__ import annotations

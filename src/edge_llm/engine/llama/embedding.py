@@ -4,7 +4,7 @@ Its own context, not rows of the generation batch: each input starts from an emp
 same chunks every time, so identical input gives a bit-identical vector whatever else the server is doing (in the
 shared, unified KV cache the cells, the attention window and the rows beside it would change the arithmetic).
 It is created on the first embeddings request (logged) and lives until the model is
-freed. The context runs with pooling "none": pooling is done by the caller (engine/embeddings.py), so that an
+freed. The context runs with pooling "none": pooling is done by the caller (engine/thread/embeddings.py), so that an
 input may be longer than one batch.
 """
 
@@ -15,7 +15,7 @@ import logging
 import llama_cpp
 import numpy as np
 
-from edge_llm.engine.embeddings import EMBEDDING_BATCH
+from edge_llm.engine.thread.embeddings import EMBEDDING_BATCH
 from edge_llm.engine.types import EmbeddingUnavailableError
 
 logger = logging.getLogger(__name__)

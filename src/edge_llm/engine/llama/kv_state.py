@@ -1,5 +1,5 @@
 """One sequence's KV state out of and back into the context: llama.cpp's per-sequence state API
-(`llama_state_seq_get_size/get_data/set_data`), for the persistent prefix cache (engine/prefix_disk.py).
+(`llama_state_seq_get_size/get_data/set_data`), for the persistent prefix cache (engine/prefix_cache/disk.py).
 
 The bytes are llama.cpp's own format: the sequence's cells (positions) and, per layer, the K and V rows in the
 cache's types. `set_data` checks the layer count, the types and the row sizes against the context and refuses a

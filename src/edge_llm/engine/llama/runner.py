@@ -17,15 +17,17 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from edge_llm.engine.grammar import CompiledGrammars, GrammarError, check_grammar_limits
-from edge_llm.engine.embeddings import EMBEDDING_MAX_TOKENS
-from edge_llm.engine.kv_types import KV_TYPES
+from edge_llm.engine.grammar.compiled import CompiledGrammars
+from edge_llm.engine.grammar.errors import GrammarError
+from edge_llm.engine.grammar.limits import check_grammar_limits
+from edge_llm.engine.thread.embeddings import EMBEDDING_MAX_TOKENS
+from edge_llm.engine.llama.kv_types import KV_TYPES
 from edge_llm.engine.llama.embedding import EmbeddingContext
 from edge_llm.engine.llama.kv_state import read_sequence_state, write_sequence_state
 from edge_llm.engine.llama.loading import STRLEN_ADDRESS, ModelLoadError, create_context, expected_failure, load_model
 from edge_llm.engine.llama.sampling import Sampler, TokenSampling
-from edge_llm.engine.step_plan import KvCopy, KvOp, KvRemove, KvShift, KvTrim
-from edge_llm.engine.scheduler import StepPlan
+from edge_llm.engine.scheduling.step_plan import KvCopy, KvOp, KvRemove, KvShift, KvTrim
+from edge_llm.engine.scheduling.scheduler import StepPlan
 from edge_llm.engine.types import (
     FimTokens,
     ModelInfo,
@@ -49,7 +51,7 @@ class ContextConfig:
     n_seq_max: int
     n_threads: int
     n_threads_batch: int
-    cache_type_k: str = "f16"  # engine/kv_types.py
+    cache_type_k: str = "f16"  # engine/llama/kv_types.py
     cache_type_v: str = "f16"
     flash_attn: str = "auto"  # auto | on | off
     logit_rows: int = 0  # the most rows of logits a step asks for (config.logit_rows): written once at load

@@ -11,8 +11,9 @@ from collections.abc import Callable
 import llama_cpp
 import numpy as np
 
-from edge_llm.engine.grammar import CompiledGrammars, GrammarError
-from edge_llm.engine.greedy import GreedyPicker
+from edge_llm.engine.grammar.compiled import CompiledGrammars
+from edge_llm.engine.grammar.errors import GrammarError
+from edge_llm.engine.llama.greedy import GreedyPicker
 from edge_llm.engine.types import GrammarTooCostly, SamplingExhausted, SamplingParams, TokenLogprob
 
 

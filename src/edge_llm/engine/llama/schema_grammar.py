@@ -1,5 +1,5 @@
 """GBNF for a request's JSON schema: llama-cpp-python's converter (pure Python), with llama.cpp's whitespace rule
-and the bounds of integers and numbers enforced, after the schema's own limits (engine/grammar.py)."""
+and the bounds of integers and numbers enforced, after the schema's own limits (engine/grammar/limits.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from typing import Any
 
 from llama_cpp.llama_grammar import INVALID_RULE_CHARS_RE, RESERVED_NAMES, SchemaConverter
 
-from edge_llm.engine.grammar import GrammarError, check_schema_limits
-from edge_llm.engine.integer_range import integer_range_rule
-from edge_llm.engine.number_range import number_range_rule
+from edge_llm.engine.grammar.errors import GrammarError
+from edge_llm.engine.grammar.limits import check_schema_limits
+from edge_llm.engine.grammar.integer_range import integer_range_rule
+from edge_llm.engine.grammar.number_range import number_range_rule
 
 # llama-cpp-python's converter allows one optional space between tokens; llama.cpp's (common/json-schema-to-grammar,
 # which llama-server uses) also allows a line break and indentation. The model writes JSON indented, as it learnt
@@ -25,7 +26,7 @@ _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 
 class _BoundedNumbers(SchemaConverter):  # type: ignore[misc]
     """llama-cpp-python's converter, with the bounds of integers and numbers enforced (it ignores them;
-    engine/integer_range.py, engine/number_range.py), and rule names found in linear time."""
+    engine/grammar/integer_range.py, engine/grammar/number_range.py), and rule names found in linear time."""
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)

@@ -1,6 +1,6 @@
 """The scheduler's side of cache entries that come from outside the step loop (the persistent prefix cache,
-engine/prefix_disk.py): a sequence id and cells reserved for an entry, the entry adopted into the cache and the
-ledger, or the id given back. Pure bookkeeping, no llama.cpp; a mixin of `Scheduler` (engine/scheduler.py), whose
+engine/prefix_cache/disk.py): a sequence id and cells reserved for an entry, the entry adopted into the cache and the
+ledger, or the id given back. Pure bookkeeping, no llama.cpp; a mixin of `Scheduler` (engine/scheduling/scheduler.py), whose
 admission rules it reuses, kept apart so that the scheduler's own module stays about admission and steps.
 """
 
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from edge_llm.engine.sequence import CacheEntry, Sequence
-from edge_llm.engine.step_plan import KvOp
+from edge_llm.engine.scheduling.sequence import CacheEntry, Sequence
+from edge_llm.engine.scheduling.step_plan import KvOp
 
 if TYPE_CHECKING:
-    from edge_llm.engine.scheduler import Scheduler
+    from edge_llm.engine.scheduling.scheduler import Scheduler
 
 
 class OutsideEntries:

@@ -1,13 +1,13 @@
 """GBNF for the JSON numbers within a schema's bounds (`"type": "number"` with `minimum`, `maximum`,
 `exclusiveMinimum`, `exclusiveMaximum`): llama-cpp-python's converter ignores them, as it does an integer's
-(engine/integer_range.py). Pure; the schema converter uses it. A bounded number is written in plain decimal, without
+(engine/grammar/integer_range.py). Pure; the schema converter uses it. A bounded number is written in plain decimal, without
 an exponent (every number in a range can be), with at most FRACTION_DIGITS digits after the point."""
 
 from __future__ import annotations
 
 from decimal import Decimal
 
-from edge_llm.engine.integer_range import integer_range_rule
+from edge_llm.engine.grammar.integer_range import integer_range_rule
 
 FRACTION_DIGITS = 16  # as the converter's decimal-part
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from edge_llm.engine.token_match import common_prefix_length
+from edge_llm.engine.scheduling.token_match import common_prefix_length
 
 logger = logging.getLogger(__name__)
 

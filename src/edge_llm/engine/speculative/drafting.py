@@ -3,7 +3,7 @@
 A coder model's answer often repeats its input (an edited file sent back whole) or itself. The drafter looks up
 the sequence's last few tokens in everything it has seen (prompt and output) and proposes the tokens that followed
 them there, as llama.cpp's `ngram-simple` speculation does; the engine verifies them in its next batch
-(engine/speculation.py, engine/acceptance.py). Longer n-grams are tried first: their continuations are likelier to
+(engine/speculative/speculation.py, engine/speculative/acceptance.py). Longer n-grams are tried first: their continuations are likelier to
 be right. The index is built incrementally, one dictionary entry per n-gram size and token, so a lookup costs the
 same however long the sequence.
 """

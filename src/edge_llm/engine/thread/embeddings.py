@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edge_llm.engine.channel import Outbox, Sender
+from edge_llm.engine.thread.channel import Outbox, Sender
 from edge_llm.engine.types import Embedded, EmbeddingRequest, EmbeddingUnavailableError, Failed, Pooling
 
 logger = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from edge_llm.engine.sequence import Sequence
+from edge_llm.engine.scheduling.sequence import Sequence
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class KvRemove:
     seq_id: int
 
 
-# With --cache-reuse a chunk of a cached sequence is moved to other positions (engine/scheduler.py, "moved
+# With --cache-reuse a chunk of a cached sequence is moved to other positions (engine/scheduling/scheduler.py, "moved
 # chunks"). llama.cpp re-rotates the moved keys (RoPE) at the next decode; their values still reflect the text
 # that preceded them before, an approximation only requests that ask for it get.
 

@@ -20,14 +20,14 @@ from __future__ import annotations
 import bisect
 from collections import Counter, OrderedDict, deque
 
-from edge_llm.engine.kv_ledger import KvLedger
-from edge_llm.engine.scheduler_entries import OutsideEntries
-from edge_llm.engine.scheduler_moves import ChunkMove, ChunkMoves
-from edge_llm.engine.step_plan import KvCopy, KvOp, KvRemove, KvTrim, StepPlan
-from edge_llm.engine.sequence import CacheEntry, Phase, Sequence
-from edge_llm.engine.speculation import Speculation, SpeculationStats, lay_out_drafts
-from edge_llm.engine.step_cost import CPU_STEP_COST, StepCost
-from edge_llm.engine.token_match import common_prefix_length
+from edge_llm.engine.scheduling.kv_ledger import KvLedger
+from edge_llm.engine.scheduling.scheduler_entries import OutsideEntries
+from edge_llm.engine.scheduling.scheduler_moves import ChunkMove, ChunkMoves
+from edge_llm.engine.scheduling.step_plan import KvCopy, KvOp, KvRemove, KvTrim, StepPlan
+from edge_llm.engine.scheduling.sequence import CacheEntry, Phase, Sequence
+from edge_llm.engine.speculative.speculation import Speculation, SpeculationStats, lay_out_drafts
+from edge_llm.engine.speculative.step_cost import CPU_STEP_COST, StepCost
+from edge_llm.engine.scheduling.token_match import common_prefix_length
 
 MAX_PREEMPTIONS = 3
 # A preempted sequence comes back only when every running sequence can then grow this many more tokens:

@@ -1,12 +1,12 @@
 """Speculative decoding by prompt lookup: how many draft tokens each sequence verifies in a step. Pure, no llama.cpp.
 
 A decode step reads all the weights whatever its rows, so on a CPU a few more rows cost a fraction of a token's
-time: a draft of k tokens (engine/drafting.py) is verified in the same `llama_decode` as every sequence's next
-token, and the longest prefix the sampler agrees with, plus its own next token, is kept (engine/acceptance.py).
+time: a draft of k tokens (engine/speculative/drafting.py) is verified in the same `llama_decode` as every sequence's next
+token, and the longest prefix the sampler agrees with, plus its own next token, is kept (engine/speculative/acceptance.py).
 
 A sequence drafts only while its recent acceptance rate is above a gate (higher beside other sequences, where a row's
 cost buys less; the rate is learnt from its proposals whether drafted or not), and then how many draft rows a step
-verifies is decided by a cost model of the step (engine/step_cost.py: rows cost in groups of 4 on the CPU, and by the
+verifies is decided by a cost model of the step (engine/speculative/step_cost.py: rows cost in groups of 4 on the CPU, and by the
 cells they attend). A draft token at position j
 is worth p^j tokens, p being the sequence's recent rate of accepted draft positions for a match of that n-gram size.
 `allocate` ranks the candidate rows of the whole batch by worth and keeps the number of them that makes the most
@@ -17,7 +17,7 @@ drafts only the surest guesses.
 Sampled requests (temperature > 0) speculate too, and their output distribution is unchanged: for a draft that is
 one guess (a point mass q), the standard speculative-sampling rule — accept the draft token d with probability
 min(1, p(d) / q(d)) = p(d), else draw from the residual p without d, renormalised — is the same as drawing from p
-and comparing with d, which is what verification does (engine/acceptance.py), one draw of the request's own
+and comparing with d, which is what verification does (engine/speculative/acceptance.py), one draw of the request's own
 sampler and seed per emitted token, as without drafts.
 """
 
@@ -27,12 +27,12 @@ import heapq
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from edge_llm.engine.drafting import Draft, NgramDrafter
-from edge_llm.engine.step_cost import CPU_STEP_COST, StepCost
+from edge_llm.engine.speculative.drafting import Draft, NgramDrafter
+from edge_llm.engine.speculative.step_cost import CPU_STEP_COST, StepCost
 
 if TYPE_CHECKING:
-    from edge_llm.engine.sequence import Sequence
-    from edge_llm.engine.step_plan import StepPlan
+    from edge_llm.engine.scheduling.sequence import Sequence
+    from edge_llm.engine.scheduling.step_plan import StepPlan
 
 MAX_DRAFT = 32  # draft tokens a sequence verifies in one step at most
 # Draft tokens in one step at most: every row carries logits, and llama.cpp's output buffer holds the largest step's

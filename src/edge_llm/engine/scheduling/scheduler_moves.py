@@ -2,7 +2,7 @@
 up to an edit, then again after it (a keystroke in an editor, then the unchanged rest of the file), takes the
 entry over; the chunk after the edit is held by a spare sequence id while the edit is computed, then shifted to
 its new positions instead of being recomputed. Pure bookkeeping, no llama.cpp; a mixin of `Scheduler`
-(engine/scheduler.py), kept apart so that the scheduler's own module stays about admission and steps.
+(engine/scheduling/scheduler.py), kept apart so that the scheduler's own module stays about admission and steps.
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from edge_llm.engine.sequence import CacheEntry, MovedChunk, Sequence
-from edge_llm.engine.step_plan import KvCopy, KvOp, KvRemove, KvShift, KvTrim
-from edge_llm.engine.token_match import moved_chunk
+from edge_llm.engine.scheduling.sequence import CacheEntry, MovedChunk, Sequence
+from edge_llm.engine.scheduling.step_plan import KvCopy, KvOp, KvRemove, KvShift, KvTrim
+from edge_llm.engine.scheduling.token_match import moved_chunk
 
 if TYPE_CHECKING:
-    from edge_llm.engine.scheduler import Scheduler
+    from edge_llm.engine.scheduling.scheduler import Scheduler
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ import logging
 from collections import deque
 from dataclasses import dataclass
 
-from edge_llm.engine.gbnf.errors import GrammarError
-from edge_llm.engine.gbnf.syntax import Grammar, Item, Ref, Repeat, Terminal
+from edge_llm.engine.grammar.errors import GrammarError
+from edge_llm.engine.grammar.gbnf.syntax import Grammar, Item, Ref, Repeat, Terminal
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from edge_llm.engine.gbnf.errors import GrammarError
+from edge_llm.engine.grammar.errors import GrammarError
 
 MAX_NESTING = 1024  # groups inside groups (llama.cpp's parser recurses per level): refused as soon as it is passed
 # llama.cpp's MAX_REPETITION_THRESHOLD: `{m}` above it is an error, `{m,n}` above it is read as `{m,}`.

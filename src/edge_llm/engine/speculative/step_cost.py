@@ -1,5 +1,5 @@
 """What a decode step costs, by its rows and the KV cells they attend: the model speculative decoding weighs draft
-rows with (engine/speculation.py). Pure, no llama.cpp.
+rows with (engine/speculative/speculation.py). Pure, no llama.cpp.
 
 A step's time is not linear in its rows on a CPU. ggml-cpu multiplies the repacked K-quant weights by activations
 in groups of 4 rows (a tiled kernel) and by the rows left over one at a time, so the first row of each further group

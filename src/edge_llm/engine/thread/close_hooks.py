@@ -1,5 +1,5 @@
 """Callbacks that run once on the engine thread when it ends, after the last request is answered and before the
-model is freed (engine/worker.py): whoever uses the runner from another thread (the facade's tokenizer thread)
+model is freed (engine/thread/worker.py): whoever uses the runner from another thread (the facade's tokenizer thread)
 stops there."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The persistent prefix cache on the engine thread (`--prefix-cache-dir`): what is saved, when an entry is loaded,
-and the writer thread that puts saves on disk (the files and their index: engine/prefix_store.py).
+and the writer thread that puts saves on disk (the files and their index: engine/prefix_cache/store.py).
 
 - Save: a sequence that finishes (stop or length, not cancelled or failed) is saved when it holds at least
   `min_new_tokens` tokens that no saved entry (nor a save still pending) already starts with. Its cells stay in
@@ -23,11 +23,11 @@ import threading
 import time
 from typing import Any, Protocol
 
-from edge_llm.engine.prefix_store import PrefixStore, StoredEntry
-from edge_llm.engine.scheduler import Scheduler
-from edge_llm.engine.sequence import Phase, Sequence
-from edge_llm.engine.step_plan import KvOp
-from edge_llm.engine.token_match import common_prefix_length
+from edge_llm.engine.prefix_cache.store import PrefixStore, StoredEntry
+from edge_llm.engine.scheduling.scheduler import Scheduler
+from edge_llm.engine.scheduling.sequence import Phase, Sequence
+from edge_llm.engine.scheduling.step_plan import KvOp
+from edge_llm.engine.scheduling.token_match import common_prefix_length
 from edge_llm.engine.types import FinishReason
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from edge_llm.engine.speculation import Speculation
+    from edge_llm.engine.speculative.speculation import Speculation
 
 
 class Phase(enum.Enum):

@@ -3,7 +3,7 @@
 HTTP tasks call `submit` / `submit_embedding` / `abort` (thread-safe, never blocking); everything that touches
 llama.cpp happens on the engine thread. Each request's text, then its end marker (`Finished`) or error (`Failed`),
 flows back on its own `ReplyChannel`; an embedding request's answer is one `Embedded`. Embedding work runs one
-chunk at a time between decode steps (engine/embeddings.py).
+chunk at a time between decode steps (engine/thread/embeddings.py).
 """
 
 from __future__ import annotations
@@ -15,17 +15,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from edge_llm.engine.acceptance import verify
-from edge_llm.engine.active import ActiveRequest, phase_name
-from edge_llm.engine.channel import Outbox, Sender
-from edge_llm.engine.close_hooks import CloseHooks
-from edge_llm.engine.embeddings import EmbeddingQueue
+from edge_llm.engine.speculative.acceptance import verify
+from edge_llm.engine.thread.active import ActiveRequest, phase_name
+from edge_llm.engine.thread.channel import Outbox, Sender
+from edge_llm.engine.thread.close_hooks import CloseHooks
+from edge_llm.engine.thread.embeddings import EmbeddingQueue
 from edge_llm.engine.hooks import EngineObserver
-from edge_llm.engine.prefix_disk import DiskPrefixCache
-from edge_llm.engine.runner_protocol import Runner
-from edge_llm.engine.sequence import Phase
-from edge_llm.engine.scheduler import RequestTooLargeError, Scheduler, StepPlan
-from edge_llm.engine.text import OutputText
+from edge_llm.engine.prefix_cache.disk import DiskPrefixCache
+from edge_llm.engine.thread.runner_protocol import Runner
+from edge_llm.engine.scheduling.sequence import Phase
+from edge_llm.engine.scheduling.scheduler import RequestTooLargeError, Scheduler, StepPlan
+from edge_llm.engine.thread.text import OutputText
 from edge_llm.engine.types import (
     EmbeddingRequest,
     EngineStats,
@@ -44,7 +44,7 @@ from edge_llm.engine.types import (
     TokenLogprob,
     Usage,
 )
-from edge_llm.engine.watchdog import Watchdog
+from edge_llm.engine.thread.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
 
@@ -69,13 +69,13 @@ class Engine:
         watchdog_seconds: float | None = None,
     ) -> None:
         self._runner_factory = runner_factory
-        self.watchdog = Watchdog("engine", watchdog_seconds)  # a step past the limit is reported (engine/watchdog.py)
+        self.watchdog = Watchdog("engine", watchdog_seconds)  # a step past the limit is reported (engine/thread/watchdog.py)
         self.request_timeout = request_timeout
         self.observer = observer
         self._keep_text = keep_text
-        self.speculative = speculative  # requests draft by prompt lookup (engine/speculation.py)
+        self.speculative = speculative  # requests draft by prompt lookup (engine/speculative/speculation.py)
         self.kv_bytes_per_cell = kv_bytes_per_cell
-        self._disk = disk_cache  # the persistent prefix cache (--prefix-cache-dir), engine/prefix_disk.py
+        self._disk = disk_cache  # the persistent prefix cache (--prefix-cache-dir), engine/prefix_cache/disk.py
         self._scheduler = Scheduler(n_ctx=n_ctx, batch_size=batch_size, parallel=parallel, cache_slots=cache_slots,
                                     stream_cells=stream_cells)
         self.queue_capacity = queue_capacity
@@ -112,7 +112,7 @@ class Engine:
             handler(self.failure)
 
     def add_close_hook(self, hook: Callable[[], None]) -> None:
-        """`hook()` runs on the engine thread when it ends (engine/close_hooks.py); at once if it already has."""
+        """`hook()` runs on the engine thread when it ends (engine/thread/close_hooks.py); at once if it already has."""
         self._close_hooks.add(hook)
 
     def wait_loaded(self, timeout: float | None = None) -> bool:
@@ -312,7 +312,7 @@ class Engine:
 
     def _sample(self, active: ActiveRequest, rows: list[int]) -> None:
         """Samples the sequence's next token from `rows[0]`; with a draft in the batch (`rows[1:]`, speculative
-        decoding), the tokens after it too while they confirm the draft (engine/acceptance.py)."""
+        decoding), the tokens after it too while they confirm the draft (engine/speculative/acceptance.py)."""
         sequence = active.sequence
         draft = sequence.speculation.in_flight if sequence.speculation is not None else ()
         top_n = active.request.logprobs

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from edge_llm.engine.channel import Sender
+from edge_llm.engine.thread.channel import Sender
 from edge_llm.engine.hooks import EngineObserver
-from edge_llm.engine.scheduler import Phase, Sequence
-from edge_llm.engine.text import OutputText
+from edge_llm.engine.scheduling.scheduler import Phase, Sequence
+from edge_llm.engine.thread.text import OutputText
 from edge_llm.engine.types import GenerationRequest, TokenLogprob
 
 
