@@ -13,7 +13,7 @@ import pytest
 
 from edge_llm.engine.llama.runner import ContextConfig, LlamaRunner
 from edge_llm.engine.llama.schema_grammar import json_schema_to_grammar
-from edge_llm.engine.scheduling.scheduler import StepPlan
+from edge_llm.engine.scheduling.step_plan import StepPlan
 from edge_llm.engine.types import SamplingParams
 from edge_llm.testing.server import MODEL
 

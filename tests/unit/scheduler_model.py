@@ -17,7 +17,9 @@ import copy
 from collections.abc import Callable
 
 from edge_llm.engine.scheduling.step_plan import KvShift, KvTrim
-from edge_llm.engine.scheduling.scheduler import KvCopy, KvOp, KvRemove, Phase, Scheduler, Sequence, StepPlan
+from edge_llm.engine.scheduling.scheduler import Scheduler
+from edge_llm.engine.scheduling.sequence import Phase, Sequence
+from edge_llm.engine.scheduling.step_plan import KvCopy, KvOp, KvRemove, StepPlan
 
 
 class _Cell:
@@ -249,7 +251,7 @@ class Driver:
     def future_kv(self) -> KvModel:
         future = KvModel(self.kv.n_seq_max, self.kv.stream_cells)
         future.cells = {seq_id: dict(cells) for seq_id, cells in self.kv.cells.items()}
-        future.apply_ops(list(self.s._after_decode_ops) + list(self.s._pending_ops))
+        future.apply_ops(list(self.s.kv.after_decode) + list(self.s.kv.pending))
         return future
 
     def check_sample_point(self, sequence: Sequence) -> None:
@@ -294,7 +296,7 @@ class Driver:
         used = [q.seq_id for q in s.running] + list(s.cache) + [q.moved.holder for q in s.running if q.moved]
         assert len(set(used)) == len(used), "a seq id is held twice"
         assert all(0 <= i < s.n_seq_max for i in used)
-        free = list(s._free_seq_ids)
+        free = list(s.kv.free_ids)
         assert len(set(free)) == len(free), "a seq id is free twice"
         assert sorted(free + used) == list(range(s.n_seq_max)), "a seq id was lost or duplicated"
         for q in s.waiting:
@@ -310,7 +312,7 @@ class Driver:
             assert q.kv_tokens[: min(q.n_past, len(q.feed))] == q.feed[: q.n_past]
             assert q.feed == q.prompt + q.output[: len(q.feed) - len(q.prompt)]
         # the KV model holds cells only for sequences that exist (after pending removals)
-        pending_removed = {op.seq_id for op in s._after_decode_ops + s._pending_ops if isinstance(op, KvRemove)}
+        pending_removed = {op.seq_id for op in s.kv.after_decode + s.kv.pending if isinstance(op, KvRemove)}
         for seq_id, cells in self.kv.seqs.items():
             if cells and seq_id not in pending_removed:
                 assert seq_id in used, f"seq {seq_id} holds cells but belongs to nobody"

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from edge_llm.engine.thread.channel import ReplyChannel
-from edge_llm.engine.scheduling.scheduler import KvCopy, KvRemove, StepPlan
+from edge_llm.engine.scheduling.step_plan import KvCopy, KvRemove, StepPlan
 from edge_llm.engine.types import (
     EngineUnavailableError,
     Failed,
@@ -511,7 +511,7 @@ def test_abort_during_prefill_frees_the_sequence(make_engine) -> None:
     assert runner.plans == [] and engine.stats().aborted_steps == 1  # its prefill decode was stopped, not finished
     _wait_for(lambda: KvRemove(seq_id) in runner.kv.log)
     assert engine._scheduler.idle()
-    assert sorted(engine._scheduler._free_seq_ids) == list(range(engine._scheduler.n_seq_max))
+    assert sorted(engine._scheduler.kv.free_ids) == list(range(engine._scheduler.n_seq_max))
     assert not runner.kv.seqs.get(seq_id)
 
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from edge_llm.engine.llama.greedy import GreedyPicker
 from edge_llm.engine.llama.runner import ContextConfig, LlamaRunner
-from edge_llm.engine.scheduling.scheduler import StepPlan
+from edge_llm.engine.scheduling.step_plan import StepPlan
 from edge_llm.engine.types import SamplingParams
 from edge_llm.testing.server import MODEL
 

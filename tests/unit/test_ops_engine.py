@@ -15,7 +15,7 @@ from edge_llm.api.app import create_app
 from edge_llm.config import Settings
 from edge_llm.engine.thread.channel import ReplyChannel
 from edge_llm.engine.facade import EngineClient
-from edge_llm.engine.scheduling.scheduler import StepPlan
+from edge_llm.engine.scheduling.step_plan import StepPlan
 from edge_llm.engine.types import (
     EngineEvent,
     EngineStats,

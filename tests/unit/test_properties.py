@@ -9,7 +9,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from edge_llm.api.sse import decode_events, encode_event
-from edge_llm.engine.scheduling.scheduler import MAX_PREEMPTIONS, KvCopy, KvRemove, Phase, RequestTooLargeError, Scheduler
+from edge_llm.engine.scheduling.scheduler import MAX_PREEMPTIONS, RequestTooLargeError, Scheduler
+from edge_llm.engine.scheduling.sequence import Phase
+from edge_llm.engine.scheduling.step_plan import KvCopy, KvRemove
 from edge_llm.engine.speculative.step_cost import CPU_STEP_COST, StepCost
 from edge_llm.engine.thread.text import OutputText, StopMatcher, Utf8Assembler
 
@@ -263,7 +265,7 @@ def run_random_operations(s: Scheduler, ops: list) -> None:
                 cancelled.append(victim)
                 assert victim not in s.running and victim not in s.waiting
                 if was_running and not (operation[2] and s.cache_slots and victim.n_past):
-                    assert victim.seq_id in s._free_seq_ids
+                    assert victim.seq_id in s.kv.free_ids
         elif kind == "clear_cache":
             s.clear_cache()
             assert not s.cache
@@ -291,7 +293,7 @@ def run_random_operations(s: Scheduler, ops: list) -> None:
             assert q.cached_tokens < len(q.prompt)
     s.clear_cache()
     d.flush_ops()
-    assert sorted(s._free_seq_ids) == list(range(s.n_seq_max))
+    assert sorted(s.kv.free_ids) == list(range(s.n_seq_max))
     assert s.kv_cells_used == 0
     assert not any(d.kv.seqs.values()), "KV cells left behind"
 

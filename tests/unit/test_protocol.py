@@ -9,7 +9,8 @@ from pydantic import ValidationError
 
 from edge_llm.api.errors import APIError, from_engine_error, from_pydantic, from_validation_errors
 from edge_llm.api.params import ignored_fields_header, take_unknown
-from edge_llm.api.protocol import MAX_STOP_STRINGS, ChatCompletionRequest, SamplingDefaults, SimplePromptRequest
+from edge_llm.api.protocol import MAX_STOP_STRINGS, ChatCompletionRequest, SimplePromptRequest
+from edge_llm.api.protocol_base import SamplingDefaults
 from edge_llm.prompting.chat_template import TemplateError
 from edge_llm.engine.types import EngineUnavailableError, QueueFullError
 

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from edge_llm.engine.scheduling.scheduler import (
-    KvCopy,
-    KvRemove,
-    Phase,
-    RequestTooLargeError,
-    Scheduler,
-    common_prefix_length,
-)
+from edge_llm.engine.scheduling.scheduler import RequestTooLargeError, Scheduler
+from edge_llm.engine.scheduling.sequence import Phase
+from edge_llm.engine.scheduling.step_plan import KvCopy, KvRemove
+from edge_llm.engine.scheduling.token_match import common_prefix_length
 
 from .scheduler_model import Driver
 
@@ -319,7 +315,7 @@ def test_cancel_during_prefill_frees_the_seq_id() -> None:
     d.s.remove(a)
     assert d.s.running == []
     assert d.flush_ops() == [KvRemove(seq_id)]
-    assert seq_id in d.s._free_seq_ids
+    assert seq_id in d.s.kv.free_ids
     d.check_invariants()
     # the slot is reusable at once
     b = d.s.add("b", [7, 8], 2)
@@ -608,7 +604,7 @@ def test_clear_cache_frees_every_entry() -> None:
     assert d.s.cache == {}
     assert sorted(op.seq_id for op in d.flush_ops()) == sorted(ids)
     assert d.kv.seqs == {} or all(not cells for cells in d.kv.seqs.values())
-    assert sorted(d.s._free_seq_ids) == list(range(d.s.n_seq_max))
+    assert sorted(d.s.kv.free_ids) == list(range(d.s.n_seq_max))
     assert d.s.kv_cells_used == 0
     assert d.s.evictions["cleared"] == 3
 

@@ -8,8 +8,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from edge_llm.engine.scheduling.kv_ledger import KvLedger
-from edge_llm.engine.scheduling.step_plan import KvCopy, KvShift, KvTrim
-from edge_llm.engine.scheduling.scheduler import MAX_PREEMPTIONS, KvRemove, Phase, RequestTooLargeError, Scheduler, Sequence
+from edge_llm.engine.scheduling.step_plan import KvCopy, KvRemove, KvShift, KvTrim
+from edge_llm.engine.scheduling.scheduler import MAX_PREEMPTIONS, RequestTooLargeError, Scheduler
+from edge_llm.engine.scheduling.sequence import Phase, Sequence
 
 from .scheduler_model import Driver
 
@@ -141,7 +142,7 @@ def test_a_sequence_preempted_max_preemptions_times_is_never_preempted_again() -
         d.check_invariants()
         for q in plan.admitted:
             if d.s.pinned(q):  # re-admitted with room for its whole answer
-                assert d.s.kv_cells_used + d.s._pinned_growth() <= d.s.n_ctx
+                assert d.s.kv_cells_used + d.s.pinned_growth() <= d.s.n_ctx
     assert max(q.preemptions for q in seqs) == 1
     assert all(d.output[q.request_id] == [1000 + g for g in range(q.max_tokens)] for q in seqs)
 
@@ -177,7 +178,7 @@ def test_a_keystroke_moves_the_unchanged_rest_of_the_file_and_computes_only_the_
     assert not plan.undoable  # its chunk moves after the decode: a cancellation cannot stop this step
     assert after.moved is None and after.n_past == len(edited) - 1  # reached: the chunk moves after them
     # after this step's decode (a retry of this batch must not see the chunk yet: llama.cpp appends positions)
-    assert d.s._after_decode_ops == [KvShift(holder, 42, 42 + 60, 3), KvCopy(holder, first.seq_id, start=45, end=45 + 60),
+    assert d.s.kv.after_decode == [KvShift(holder, 42, 42 + 60, 3), KvCopy(holder, first.seq_id, start=45, end=45 + 60),
                                      KvRemove(holder)]
     d.check_coherent()
     d.check_invariants()
@@ -340,7 +341,7 @@ def test_older_cache_entries_sharing_a_chunk_are_evicted_so_that_it_can_move() -
     d.run()
     newer = d.s.add("newer", base + [5, 6], 2, reuse_min=16)  # shares "older"'s prompt cells, then its own
     d.run()
-    assert len(d.s.cache) == 2 and not d.s.ledger.sole_holder_from(newer.seq_id, 42)
+    assert len(d.s.cache) == 2 and not d.s.kv.ledger.sole_holder_from(newer.seq_id, 42)
     edited = FILE_HEAD + [7, 8, 60, 61] + FILE_TAIL + [9]
     after = d.s.add("after", edited, 2, reuse_min=16)
     plan = d.step(finish_at_max=False)
@@ -363,9 +364,9 @@ def test_planning_a_move_changes_nothing_until_it_is_made() -> None:
     d.run()
     edited = FILE_HEAD + [7, 8, 60, 61] + FILE_TAIL + [9]
     head = Sequence("after", edited, 2, feed=edited, reuse_min=16)
-    cache, used = dict(d.s.cache), d.s.ledger.used
-    match = d.s._best_prefix(head.feed)
-    move = d.s._movable_chunk(head, match)
+    cache, used = dict(d.s.cache), d.s.kv.ledger.used
+    match = d.s.cached.best_prefix(head.feed)
+    move = d.s.moves.movable(head, match, d.s.sharing.best_leader(head))
     assert move is not None and (move.old_start, move.start) == (42, 44)
     assert len(cache) == 2 and move.outdated == set(cache) - {match[0].seq_id}  # the older keystroke's entry
-    assert dict(d.s.cache) == cache and d.s.ledger.used == used and d.s.evictions["moved_chunk"] == 0
+    assert dict(d.s.cache) == cache and d.s.kv.ledger.used == used and d.s.evictions["moved_chunk"] == 0

@@ -9,8 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from edge_llm.api.protocol_base import RequestModel
-
+from edge_llm.api.protocol_base import RequestModel, SamplingDefaults
 from edge_llm.api.protocol_llama import MAX_STOP_STRINGS, LlamaServerFields
 from edge_llm.engine.types import SamplingParams
 
@@ -29,13 +28,6 @@ class ErrorResponse(BaseModel):
 
 
 # ---- requests ------------------------------------------------------------------------------
-
-
-class SamplingDefaults(BaseModel):
-    temperature: float
-    top_p: float
-    top_k: int
-    max_tokens: int
 
 
 class SimplePromptRequest(RequestModel):

@@ -18,9 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from edge_llm.api.protocol_base import RequestModel
-
-from edge_llm.api.protocol import SamplingDefaults
+from edge_llm.api.protocol_base import RequestModel, SamplingDefaults
 from edge_llm.api.protocol_llama import MAX_STOP_STRINGS
 from edge_llm.engine.types import FinishReason, Finished, SamplingParams
 

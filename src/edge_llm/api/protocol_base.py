@@ -1,4 +1,5 @@
-"""The base of every request body and of every object inside one.
+"""The base of every request body and of every object inside one; the server's sampling defaults that fill what a
+body leaves out.
 
 Clients written for other servers, SDKs and frameworks add keys this server does not know, at any depth (an
 assistant message echoed back with `annotations` and `refusal`, a content part with `cache_control`, llama.vscode's
@@ -13,3 +14,10 @@ from pydantic import BaseModel, ConfigDict
 
 class RequestModel(BaseModel):
     model_config = ConfigDict(extra="allow")
+
+
+class SamplingDefaults(BaseModel):
+    temperature: float
+    top_p: float
+    top_k: int
+    max_tokens: int

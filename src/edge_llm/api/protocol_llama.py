@@ -8,16 +8,13 @@ Errors use the server's one error envelope.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
-from edge_llm.api.protocol_base import RequestModel
+from edge_llm.api.protocol_base import RequestModel, SamplingDefaults
 
 from edge_llm.engine.types import SamplingParams
-
-if TYPE_CHECKING:  # protocol.py imports this module
-    from edge_llm.api.protocol import SamplingDefaults
 
 MAX_EXTRA_FILES = 64
 # Stop strings as many as clients send (Continue sends a dozen for FIM), not OpenAI's 4; each is matched per token.

@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from edge_llm.api.protocol import SamplingDefaults, ToolDefinition
-from edge_llm.api.protocol_base import RequestModel
+from edge_llm.api.protocol import ToolDefinition
+from edge_llm.api.protocol_base import RequestModel, SamplingDefaults
 from edge_llm.api.protocol_llama import MAX_STOP_STRINGS, native_sampling
 from edge_llm.engine.types import SamplingParams
 

@@ -23,7 +23,8 @@ from edge_llm.api.limits import cap_max_tokens, check_prompt_tokens
 from edge_llm.api.params import parse_body
 from edge_llm.api.protocol_llama import LlamaServerFields
 from edge_llm.api.serving.body import json_object
-from edge_llm.api.protocol import ErrorResponse, PromptTokensDetails, SamplingDefaults, UsageInfo
+from edge_llm.api.protocol import ErrorResponse, PromptTokensDetails, UsageInfo
+from edge_llm.api.protocol_base import SamplingDefaults
 from edge_llm.api.sse import DONE, EventStreamResponse, encode_json_event
 from edge_llm.config import Settings
 from edge_llm.engine.facade import EngineClient, GrammarError, ReplyChannel

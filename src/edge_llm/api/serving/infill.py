@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from edge_llm.api.protocol_llama import InfillRequest, NativeGeneration
 from edge_llm.api.serving.base import Generation, Serving, error_body, failure_error
 from edge_llm.api.sse import encode_json_event
-from edge_llm.api.protocol import SamplingDefaults
+from edge_llm.api.protocol_base import SamplingDefaults
 from edge_llm.engine.types import Failed, Finished, FinishReason, PrefillProgress, TextDelta
 from edge_llm.prompting.fim import EditorCut, ExtraFile, infill_prompt, suffix_echo_stop
 

@@ -27,7 +27,7 @@ from edge_llm.engine.llama.kv_state import read_sequence_state, write_sequence_s
 from edge_llm.engine.llama.loading import STRLEN_ADDRESS, ModelLoadError, create_context, expected_failure, load_model
 from edge_llm.engine.llama.sampling import Sampler, TokenSampling
 from edge_llm.engine.scheduling.step_plan import KvCopy, KvOp, KvRemove, KvShift, KvTrim
-from edge_llm.engine.scheduling.scheduler import StepPlan
+from edge_llm.engine.scheduling.step_plan import StepPlan
 from edge_llm.engine.types import (
     FimTokens,
     ModelInfo,

@@ -55,6 +55,10 @@ class Sequence:
     # With speculative decoding: its n-gram drafter, acceptance rates and the draft in flight.
     speculation: Speculation | None = None
 
+    def pinned(self, max_preemptions: int) -> bool:
+        """Preempted often enough: re-admitted with room for its whole answer, never preempted again."""
+        return self.preemptions >= max_preemptions
+
     def known_tokens(self) -> list[int]:
         """The tokens this sequence's KV holds or will hold once its prompt is prefilled."""
         return self.feed if self.phase is Phase.PREFILL else self.kv_tokens

@@ -25,14 +25,10 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from edge_llm.engine.speculative.drafting import Draft, NgramDrafter
 from edge_llm.engine.speculative.step_cost import CPU_STEP_COST, StepCost
-
-if TYPE_CHECKING:
-    from edge_llm.engine.scheduling.sequence import Sequence
-    from edge_llm.engine.scheduling.step_plan import StepPlan
 
 MAX_DRAFT = 32  # draft tokens a sequence verifies in one step at most
 # Draft tokens in one step at most: every row carries logits, and llama.cpp's output buffer holds the largest step's
@@ -186,43 +182,6 @@ def allocate(candidates: list[tuple[Speculation, Draft]], decode_rows: int, room
     for i in ranked[:best_count]:
         lengths[i] += 1
     return lengths
-
-
-def lay_out_drafts(plan: StepPlan, room: int, cost: StepCost = CPU_STEP_COST) -> list[tuple[Sequence, int]]:
-    """Adds the drafts worth verifying to `plan`, after its decode tokens (at most `room` rows and cells), each at
-    the positions after its sequence's pending token; the caller charges the cells. Returns (sequence, rows)."""
-    candidates: list[tuple[Speculation, Draft]] = []
-    owners: list[Sequence] = []
-    for sequence, _ in plan.samples:
-        speculation = sequence.speculation
-        if speculation is None:
-            continue
-        # The tokens emitted after this step (the accepted draft and one more) stay within max_tokens.
-        limit = sequence.max_tokens - sequence.generated - 1
-        draft = speculation.propose(sequence.kv_tokens, limit) if limit > 0 else None
-        if draft is not None:
-            candidates.append((speculation, draft))
-            owners.append(sequence)
-    if not candidates:
-        return []
-    added: list[tuple[Sequence, int]] = []
-    decode_cells = sum(sequence.n_past for sequence, _ in plan.samples)
-    lengths = allocate(candidates, len(plan.samples), room, cost, [sequence.n_past for sequence in owners],
-                       decode_cells)
-    for sequence, (speculation, draft), length in zip(owners, candidates, lengths):
-        if not length:
-            speculation.leave_out(draft, len(sequence.kv_tokens))
-            continue
-        speculation.shadow = None  # the draft's verification tells the same
-        speculation.in_flight = draft.tokens[:length]
-        speculation.in_flight_ngram = draft.ngram
-        rows = [plan.add(token, sequence.n_past + offset, sequence.seq_id, True)
-                for offset, token in enumerate(speculation.in_flight)]
-        sequence.kv_tokens.extend(speculation.in_flight)
-        sequence.n_past += length
-        plan.drafts.append((sequence, rows))
-        added.append((sequence, length))
-    return added
 
 
 class SpeculationStats:

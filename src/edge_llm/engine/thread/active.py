@@ -7,7 +7,7 @@ from typing import Any
 
 from edge_llm.engine.thread.channel import Sender
 from edge_llm.engine.hooks import EngineObserver
-from edge_llm.engine.scheduling.scheduler import Phase, Sequence
+from edge_llm.engine.scheduling.sequence import Phase, Sequence
 from edge_llm.engine.thread.text import OutputText
 from edge_llm.engine.types import GenerationRequest, TokenLogprob
 

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from edge_llm.engine.scheduling.step_plan import KvOp
-from edge_llm.engine.scheduling.scheduler import StepPlan
+from edge_llm.engine.scheduling.step_plan import StepPlan
 from edge_llm.engine.types import SamplingParams, TokenLogprob
 
 

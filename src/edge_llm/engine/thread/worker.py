@@ -24,7 +24,8 @@ from edge_llm.engine.hooks import EngineObserver
 from edge_llm.engine.prefix_cache.disk import DiskPrefixCache
 from edge_llm.engine.thread.runner_protocol import Runner
 from edge_llm.engine.scheduling.sequence import Phase
-from edge_llm.engine.scheduling.scheduler import RequestTooLargeError, Scheduler, StepPlan
+from edge_llm.engine.scheduling.scheduler import RequestTooLargeError, Scheduler
+from edge_llm.engine.scheduling.step_plan import StepPlan
 from edge_llm.engine.thread.text import OutputText
 from edge_llm.engine.types import (
     EmbeddingRequest,
