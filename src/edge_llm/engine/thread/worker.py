@@ -15,37 +15,28 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from edge_llm.engine.speculative.acceptance import verify
-from edge_llm.engine.thread.active import ActiveRequest, phase_name
+from edge_llm.engine.hooks import EngineObserver
+from edge_llm.engine.prefix_cache.disk import DiskPrefixCache
+from edge_llm.engine.scheduling.scheduler import Scheduler
+from edge_llm.engine.scheduling.sequence import Phase
+from edge_llm.engine.scheduling.step_plan import StepPlan
+from edge_llm.engine.thread.active import ActiveRequest
 from edge_llm.engine.thread.channel import Outbox, Sender
 from edge_llm.engine.thread.close_hooks import CloseHooks
 from edge_llm.engine.thread.embeddings import EmbeddingQueue
-from edge_llm.engine.hooks import EngineObserver
-from edge_llm.engine.prefix_cache.disk import DiskPrefixCache
+from edge_llm.engine.thread.requests import ActiveRequests
 from edge_llm.engine.thread.runner_protocol import Runner
-from edge_llm.engine.scheduling.sequence import Phase
-from edge_llm.engine.scheduling.scheduler import RequestTooLargeError, Scheduler
-from edge_llm.engine.scheduling.step_plan import StepPlan
-from edge_llm.engine.thread.text import OutputText
+from edge_llm.engine.thread.watchdog import Watchdog
 from edge_llm.engine.types import (
     EmbeddingRequest,
     EngineStats,
     EngineUnavailableError,
-    Failed,
-    Finished,
-    FinishReason,
     GenerationRequest,
-    GrammarTooCostly,
     OutOfCellsError,
     PrefillProgress,
     QueueFullError,
-    SamplingExhausted,
     StepAbortedError,
-    TextDelta,
-    TokenLogprob,
-    Usage,
 )
-from edge_llm.engine.thread.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +80,7 @@ class Engine:
         self._waiting_ids: set[str] = set()  # submitted, not yet admitted (bounded by queue_capacity)
         self._step_requests: set[str] | None = None  # the requests of the decode in progress, while it may be stopped
         self.aborted_steps = 0
-        self._active: dict[str, ActiveRequest] = {}  # engine thread only
+        self._requests: ActiveRequests | None = None  # engine thread only, once the model is loaded
         self._embeddings = EmbeddingQueue()  # engine thread only
         self._outbox = Outbox()  # engine thread only: flushed once a step
         self._thread = threading.Thread(target=self._main, name="edge-llm-engine", daemon=True)
@@ -218,6 +209,9 @@ class Engine:
             logger.info("model loaded in %.1f s", time.monotonic() - started)
             if self._disk is not None and not self._disk.start():
                 self._disk = None
+            self._requests = ActiveRequests(runner=self.runner, scheduler=self._scheduler, outbox=self._outbox,
+                                            observer=self.observer, disk=self._disk, keep_text=self._keep_text,
+                                            speculative=self.speculative, forget_waiting=self._forget_waiting)
             try:
                 self._loop()
             except BaseException as exc:  # noqa: BLE001
@@ -244,8 +238,13 @@ class Engine:
         if self._on_exit is not None:
             self._on_exit(error)
 
+    def _forget_waiting(self, request_id: str) -> None:
+        with self._lock:
+            self._waiting_ids.discard(request_id)
+
     def _loop(self) -> None:
-        scheduler = self._scheduler
+        scheduler, requests = self._scheduler, self._requests
+        assert requests is not None
         while True:
             self._outbox.flush()
             idle = scheduler.idle() and not self._embeddings.pending
@@ -256,8 +255,8 @@ class Engine:
                 self._disk.save_one_pending(scheduler, self.runner)
                 continue
             self.watchdog.begin("step", self._running_ids)
-            if self.request_timeout is not None and self._active:
-                self._expire(time.monotonic())
+            if self.request_timeout is not None and requests:
+                requests.expire(time.monotonic())
             self._outbox.flush()  # cancellations and refusals at once, not a step later (a no-op when none)
             if self._disk is not None:
                 self._disk.before_step(scheduler, self.runner)  # saved prefixes the next admissions want
@@ -265,7 +264,8 @@ class Engine:
             now = time.monotonic()
             observer = self.observer
             for sequence in plan.admitted:
-                active = self._active[sequence.request_id]
+                active = requests.get(sequence.request_id)
+                assert active is not None
                 if sequence.preemptions:
                     continue  # resumed: its admission was counted the first time
                 active.admitted_at = now
@@ -275,7 +275,9 @@ class Engine:
                     observer.request_admitted(sequence.request_id, now - active.submitted_at, len(sequence.prompt),
                                               sequence.cached_tokens, sequence.moved_tokens)
             for sequence in plan.preempted:
-                self._active[sequence.request_id].preempted_at = now
+                preempted = requests.get(sequence.request_id)
+                assert preempted is not None
+                preempted.preempted_at = now
                 logger.info("preempted after %d tokens to free KV cells (%d free of %d); it resumes first",
                             sequence.generated, scheduler.free_cells, scheduler.n_ctx,
                             extra={"request_id": sequence.request_id})
@@ -283,9 +285,9 @@ class Engine:
             if not plan.empty and self._decode(plan):
                 drafts = {id(sequence): rows for sequence, rows in plan.drafts}
                 for sequence, batch_index in plan.samples:
-                    active = self._active.get(sequence.request_id)
+                    active = requests.get(sequence.request_id)
                     if active is not None:
-                        self._sample(active, [batch_index, *drafts.get(id(sequence), ())])
+                        requests.sample(active, [batch_index, *drafts.get(id(sequence), ())])
                 if plan.prefilled_tokens:
                     self._report_prefill(plan)
             if self._embeddings.pending:  # one small chunk between decode steps, after this step's tokens are sent
@@ -305,46 +307,11 @@ class Engine:
         that show it."""
         in_step = set(plan.seq_ids)
         for sequence in self._scheduler.running:
-            active = self._active.get(sequence.request_id)
+            active = self._requests.get(sequence.request_id) if self._requests is not None else None
             if (active is not None and sequence.phase is Phase.PREFILL and sequence.seq_id in in_step
                     and len(sequence.feed) > self._scheduler.batch_size):
                 self._outbox.add(active.channel,
                                  PrefillProgress(sequence.n_past, len(sequence.feed), sequence.cached_tokens))
-
-    def _sample(self, active: ActiveRequest, rows: list[int]) -> None:
-        """Samples the sequence's next token from `rows[0]`; with a draft in the batch (`rows[1:]`, speculative
-        decoding), the tokens after it too while they confirm the draft (engine/speculative/acceptance.py)."""
-        sequence = active.sequence
-        draft = sequence.speculation.in_flight if sequence.speculation is not None else ()
-        top_n = active.request.logprobs
-        logprobs: list[TokenLogprob] = []
-
-        def draw(row: int) -> int:
-            token = self.runner.sample(active.sampler, row)
-            if top_n is not None:
-                logprobs.append(self.runner.logprobs(row, token, top_n))
-            return token
-
-        verified = verify(draft, rows, draw, self.runner.is_end_of_generation)
-        if draft:
-            self._scheduler.settle_draft(sequence, verified.accepted)
-        for i, token in enumerate(verified.tokens):
-            if i < len(logprobs):
-                active.pending_logprobs.append(logprobs[i])
-            self._on_token(active, token)
-            if self._active.get(active.request.request_id) is not active:
-                return  # it ended (an end token, a stop string, max_tokens)
-        error = verified.error
-        if isinstance(error, GrammarTooCostly):
-            self._fail(active, str(error), "grammar_too_costly")
-        elif isinstance(error, SamplingExhausted):
-            if error.complete:
-                self._finish(active, FinishReason.STOP)
-            else:
-                self._fail(active, f"The answer cannot continue: {error}", "invalid_request")
-        elif error is not None:  # one request's sampling error must not take the engine down
-            logger.error("sampling failed", exc_info=error, extra={"request_id": active.request.request_id})
-            self._fail(active, f"Sampling failed: {error}", "engine_error")
 
     def _drain_inbox(self, *, block: bool) -> bool:
         """Handles every queued command; waits for one if there is nothing to do. False means stop."""
@@ -355,7 +322,7 @@ class Engine:
                 return True
             block = False
             if command == "submit":
-                self._admit_request(payload)
+                self._requests.admit(payload)
             elif command == "abort":
                 self._cancel(payload)
             elif command == "embed":
@@ -364,55 +331,6 @@ class Engine:
                 return False
             elif command == "crash":
                 raise RuntimeError("the engine thread was killed by the test hook")
-
-    def _admit_request(self, active: ActiveRequest) -> None:
-        request = active.request
-        try:
-            # A request that cannot be served fails alone; it never takes the engine thread down.
-            active.sampler = self.runner.new_sampler(request.sampling)
-            active.sequence = self._scheduler.add(request.request_id, request.prompt_tokens, request.max_tokens,
-                                                  use_cache=request.cache_prompt, reuse_min=request.reuse_min,
-                                                  speculative=self.speculative and request.speculative)
-            if self._disk is not None:
-                self._disk.on_submitted(active.sequence)
-        except Exception as exc:  # noqa: BLE001
-            with self._lock:
-                self._waiting_ids.discard(request.request_id)
-            if active.sampler is not None:
-                active.sampler.close()
-            code = "context_length_exceeded" if isinstance(exc, RequestTooLargeError) else "invalid_request"
-            logger.warning("request refused by the engine: %s", exc, extra={"request_id": request.request_id})
-            self._outbox.add(active.channel, Failed(str(exc), code=code))
-            return
-        active.output = OutputText(request.stop)
-        if self._keep_text:
-            active.text_parts = []
-        self._active[request.request_id] = active
-
-    def _cancel(self, request_id: str) -> None:
-        with self._lock:
-            self._waiting_ids.discard(request_id)
-        if self._embeddings.cancel(request_id):
-            return
-        active = self._active.get(request_id)
-        if active is not None:
-            logger.debug("request cancelled in phase %s", phase_name(active.sequence),
-                         extra={"request_id": request_id})
-            self._finish(active, FinishReason.CANCELLED)
-
-    def _expire(self, now: float) -> None:
-        """Ends requests past their deadline. All share one timeout, so `_active` (in submission
-        order) has the earliest deadline first and the check is O(1) while nothing expires."""
-        while self._active:
-            active = next(iter(self._active.values()))
-            if active.deadline > now:
-                return
-            request_id = active.request.request_id
-            with self._lock:
-                self._waiting_ids.discard(request_id)
-            logger.info("request timed out after %.1f s in phase %s", now - active.submitted_at,
-                        phase_name(active.sequence), extra={"request_id": request_id})
-            self._finish(active, FinishReason.TIMEOUT)
 
     def _decode(self, plan: StepPlan) -> bool:
         """Decodes the step's batch; False when it was stopped because every request in it was cancelled (the step
@@ -444,76 +362,25 @@ class Engine:
                 self._step_requests = None
         return True
 
-    def _on_token(self, active: ActiveRequest, token: int) -> None:
-        sequence = active.sequence
-        active.token_arrived(time.monotonic(), self.observer)
-        if self.runner.is_end_of_generation(token):
-            self._finish(active, FinishReason.STOP)
-            return
-        self._scheduler.on_sampled(sequence, token)
-        text = active.output.feed(self.runner.piece(token))
-        if text:
-            self._outbox.add(active.channel, TextDelta(text, sequence.generated, active.take_logprobs()))
-            if active.text_parts is not None:
-                active.text_parts.append(text)
-        if active.output.stopped:
-            self._finish(active, FinishReason.STOP)
-        elif sequence.generated >= sequence.max_tokens:
-            self._finish(active, FinishReason.LENGTH)
-
-    def _finish(self, active: ActiveRequest, reason: FinishReason) -> None:
-        sequence = active.sequence
-        phase = phase_name(sequence)
-        del self._active[active.request.request_id]
-        if self._disk is not None:
-            self._disk.on_finished(sequence, reason)  # marked for saving once the engine is idle
-        self._scheduler.remove(sequence, keep_in_cache=True)
-        if active.sampler is not None:
-            active.sampler.close()
-        if reason is not FinishReason.CANCELLED:
-            tail = active.output.finish()
-            if tail:
-                self._outbox.add(active.channel, TextDelta(tail, sequence.generated, active.take_logprobs()))
-                if active.text_parts is not None:
-                    active.text_parts.append(tail)
-        timings = active.timings(time.monotonic())
-        usage = Usage(len(sequence.prompt), sequence.generated, sequence.cached_tokens)
-        if self.observer is not None:  # before Finished, so the HTTP side sees the record complete
-            text = "".join(active.text_parts) if active.text_parts is not None else None
-            self.observer.request_finished(active.request.request_id, reason, usage, phase, text)
-        self._outbox.add(active.channel, Finished(reason, usage, timings, active.output.stop_string))
-
-    def _fail(self, active: ActiveRequest, message: str, code: str) -> None:
-        """Ends one request with an error (what it streamed so far stays sent)."""
-        del self._active[active.request.request_id]
-        if self._disk is not None:
-            self._disk.forget(active.request.request_id)
-        self._scheduler.remove(active.sequence, keep_in_cache=True)
-        active.sampler.close()
-        logger.warning("request failed: %s", message, extra={"request_id": active.request.request_id})
-        if self.observer is not None:
-            self.observer.request_failed(active.request.request_id, code)
-        self._outbox.add(active.channel, Failed(message, code=code))
+    def _cancel(self, request_id: str) -> None:
+        self._forget_waiting(request_id)
+        if not self._embeddings.cancel(request_id):
+            self._requests.cancel(request_id)
 
     def _fail_everything(self, message: str, code: str) -> None:
-        failed: list[ActiveRequest] = list(self._active.values())
-        self._active.clear()
+        never_admitted: list[ActiveRequest] = []
         while True:  # requests submitted but never seen by the loop
             try:
                 command, payload = self._inbox.get_nowait()
             except queue.Empty:
                 break
             if command == "submit":
-                failed.append(payload)
+                never_admitted.append(payload)
             elif command == "embed":
                 self._embeddings.add(*payload)
         self._embeddings.fail_all(self._outbox, message, code)
-        for active in failed:
-            if self.observer is not None:
-                self.observer.request_failed(active.request.request_id, code)
-            self._outbox.add(active.channel, Failed(message, code=code))  # after what the last steps produced
-            if active.sampler is not None:
-                active.sampler.close()
+        assert self._requests is not None
+        self._requests.fail_all(never_admitted, message, code)
         self._outbox.flush()
         with self._lock:
             self._waiting_ids.clear()
