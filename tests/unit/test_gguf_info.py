@@ -11,7 +11,8 @@ from gguf import GGUFWriter, LlamaFileType
 from edge_llm.api.serving.ollama_describe import template
 from edge_llm.config import logit_rows
 from edge_llm.engine.speculative.speculation import MAX_DRAFT_ROWS
-from edge_llm.models.gguf_info import GGUFInfoError, describe, read_model_facts
+from edge_llm.models.gguf_info import GGUFInfoError, read_model_facts
+from edge_llm.models.gguf_report import describe
 from edge_llm.models.gguf_tokens import fim_texts
 
 

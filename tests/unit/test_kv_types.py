@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from edge_llm.cli.preflight import check_kv_types, check_memory
 from edge_llm.config import Settings
 from edge_llm.engine.llama.kv_types import KV_TYPES, head_size_problem, row_bytes
-from edge_llm.models.gguf_info import describe
+from edge_llm.models.gguf_report import describe
 
 from tests.unit.test_preflight import GIB, facts, settings
 

@@ -12,7 +12,7 @@ import shlex
 from edge_llm.config import Settings
 from edge_llm.registry.keep_alive import describe_keep_alive
 from edge_llm.registry.registry import ModelRegistry
-from edge_llm.models.gguf_info import human_bytes, kv_types_label
+from edge_llm.models.gguf_report import human_bytes, kv_types_label
 from edge_llm.cli.preflight import model_facts
 
 logger = logging.getLogger("edge_llm.banner")

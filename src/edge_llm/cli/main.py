@@ -101,7 +101,7 @@ def _fail(message: str) -> int:
 
 
 def _model_info(args: argparse.Namespace) -> int:
-    from edge_llm.models.gguf_info import run_info
+    from edge_llm.models.gguf_report import run_info
 
     defaults = Settings.model_fields
     return run_info(args.path or default_model_path(), as_json=args.json, n_ctx=args.ctx,
@@ -115,7 +115,7 @@ def _model_info(args: argparse.Namespace) -> int:
 def _model_list(args: argparse.Namespace) -> int:
     from edge_llm.models.catalogue import CATALOGUE, catalogue_name_of
     from edge_llm.models.fetch import DEFAULT_MODEL, is_present
-    from edge_llm.models.gguf_info import human_bytes
+    from edge_llm.models.gguf_report import human_bytes
 
     directory = args.dir or models_dir()
     print(f"catalogue (edge-llm model fetch NAME), into {directory}:")

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from edge_llm.config import Settings
 from edge_llm.engine.llama.kv_types import head_size_problem
-from edge_llm.models.gguf_info import GGUFInfoError, ModelFacts, human_bytes, read_model_facts
+from edge_llm.models.gguf_info import GGUFInfoError, ModelFacts, read_model_facts
+from edge_llm.models.gguf_report import human_bytes
 from edge_llm.models.fetch import ModelFileError, check_model_file
 
 logger = logging.getLogger("edge_llm.preflight")

@@ -11,7 +11,6 @@ change (a request ending, a model unloading) up to `wait_timeout`, then gets `Mo
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -19,8 +18,7 @@ from dataclasses import dataclass
 
 from edge_llm.engine.facade import EngineClient
 from edge_llm.engine.types import EngineStats
-from edge_llm.models.gguf_info import human_bytes
-from edge_llm.registry.budget import Resident, make_room
+from edge_llm.models.gguf_report import human_bytes
 from edge_llm.registry.entry import (
     DEFAULT_KEEP_ALIVE,
     ModelEntry,
@@ -29,6 +27,7 @@ from edge_llm.registry.entry import (
     UnknownModelError,
     KeepAliveDefault,
 )
+from edge_llm.registry.loading import EngineFactory, Loader
 from edge_llm.registry.names import NameIndex, NameTaken, same_name
 from edge_llm.registry.specs import ModelSpec
 
@@ -37,7 +36,6 @@ __all__ = ["DEFAULT_KEEP_ALIVE", "EngineFactory", "Lease", "ModelEntry", "ModelR
 
 logger = logging.getLogger(__name__)
 
-EngineFactory = Callable[[ModelSpec], EngineClient]
 KeepAlive = float | None | KeepAliveDefault  # seconds, None (never unload), or the server's default
 BUSY_RETRY_AFTER = 5  # seconds, the Retry-After of a request refused for memory held by busy models
 
@@ -77,7 +75,6 @@ class ModelRegistry:
         self._names: NameIndex[ModelEntry] = NameIndex()
         for spec in specs:
             self.add(spec, keep_alive)
-        self._factory = factory
         self.default_model = default_model
         self.default_keep_alive = keep_alive
         self.budget = budget
@@ -89,10 +86,9 @@ class ModelRegistry:
         self.prepare: Callable[[ModelSpec, EngineClient], None] = lambda spec, client: None
         # Called with a model's name and load time in seconds each time a load completes (the API's histogram).
         self.on_loaded: Callable[[str, float], None] = lambda name, seconds: None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Event | None = None
-        self._closing = False
-        self._preloaded: dict[str, tuple[EngineClient, float]] = {}  # name → engine, when its load started
+        self._loader = Loader(factory, budget=budget, max_loaded=max_loaded, on_demand=on_demand,
+                              entries=self._entries.values, notify=self._notify, events=self)
 
     # ---- names ------------------------------------------------------------------------------------
 
@@ -156,28 +152,23 @@ class ModelRegistry:
 
     def start(self) -> None:
         """On the event loop, before any request: with `on_demand` False the one model starts loading now."""
-        self._loop = asyncio.get_running_loop()
+        self._loader.loop = asyncio.get_running_loop()
         self._changed = asyncio.Event()
         if not self.on_demand:
             entry = self.resolve(None)
-            room = self._load_if_room(entry)
+            room = self._loader.load_if_room(entry)
             assert room, "one model always fits"
 
     def preload(self) -> None:
         """With `on_demand` False, starts loading the one model now (any thread, before the event loop runs) so that
         the load overlaps the rest of the start-up; `start` adopts the engine."""
-        if self.on_demand or self._preloaded:
+        if self.on_demand or self._loader.preloaded:
             return
-        entry = self.resolve(None)
-        started = time.monotonic()
-        client = self._factory(entry.spec)
-        client.start()
-        self._preloaded[entry.name] = (client, started)
-        entry.client = client
+        self._loader.preload(self.resolve(None))
 
     def close(self) -> None:
         """Stops every engine (blocking; any thread): what runs ends with an error event, the models are freed."""
-        self._closing = True
+        self._loader.closing = True
         for entry in self._entries.values():
             client = entry.client  # loaded, or still loading
             if client is not None:
@@ -196,7 +187,7 @@ class ModelRegistry:
         entry.waiters += 1
         try:
             while True:
-                if self._closing:
+                if self._loader.closing:
                     raise ModelUnavailableError("The server is shutting down", code="shutting_down", retry_after=5)
                 if entry.state is ModelState.LOADED:
                     break
@@ -205,8 +196,8 @@ class ModelRegistry:
                     assert entry.task is not None
                     await asyncio.shield(entry.task)
                     continue
-                self._check_fits_at_all(entry)
-                room = self._load_if_room(entry)
+                self._loader.check_fits_at_all(entry)
+                room = self._loader.load_if_room(entry)
                 if room:
                     waited_for_load = True
                     continue
@@ -218,7 +209,7 @@ class ModelRegistry:
             entry.waiters -= 1
         assert entry.client is not None
         entry.leases += 1
-        self._cancel_timer(entry)
+        self._loader.cancel_timer(entry)
         entry.keep_alive = self.default_keep_alive if isinstance(keep_alive, KeepAliveDefault) else keep_alive
         load_ms = round((loop.time() - started) * 1000, 2) if waited_for_load else 0.0
         return Lease(self, entry, entry.client, load_ms)
@@ -227,7 +218,7 @@ class ModelRegistry:
         entry.leases -= 1
         entry.last_used = time.monotonic()
         if entry.leases == 0:
-            self._schedule_idle(entry)
+            self._loader.schedule_idle(entry)
         self._notify()
 
     async def load(self, name: str | None, keep_alive: KeepAlive = DEFAULT_KEEP_ALIVE) -> ModelEntry:
@@ -249,160 +240,10 @@ class ModelRegistry:
                 entry.unload_when_idle = True
                 logger.info("model %s will unload when its %d requests end", entry.name, entry.leases)
                 return entry
-            self._start_unload(entry, "request")
+            self._loader.start_unload(entry, "request")
         if entry.state is ModelState.UNLOADING and entry.task is not None:
             await asyncio.shield(entry.task)
         return entry
-
-    # ---- loading and unloading ----------------------------------------------------------------------
-
-    def _check_fits_at_all(self, entry: ModelEntry) -> None:
-        if self.budget is not None and entry.spec.memory_bytes > self.budget:
-            raise ModelUnavailableError(
-                f"The model '{entry.name}' needs ~{human_bytes(entry.spec.memory_bytes)}, more than the whole memory "
-                f"budget ({human_bytes(self.budget)}; --memory-budget, --ctx-size)", code="model_too_large")
-
-    def _load_if_room(self, entry: ModelEntry) -> bool:
-        """Starts the load, after unloading what must make room; False when busy or pinned models hold it."""
-        residents = [
-            Resident(e.name, e.spec.memory_bytes, self._evictable(e), e.last_used)
-            for e in self._entries.values() if e is not entry and e.holds_memory
-        ]
-        room = make_room(entry.spec.memory_bytes, residents, budget=self.budget, max_loaded=self.max_loaded)
-        if not room.fits:
-            return False
-        unloads = [self._start_unload(self._entries[victim], "evicted") for victim in room.victims]
-        entry.state = ModelState.LOADING
-        entry.error = None
-        assert self._loop is not None
-        entry.task = self._loop.create_task(self._load(entry, unloads), name=f"load {entry.name}")
-        entry.task.add_done_callback(_retrieve_exception)
-        self._notify()
-        return True
-
-    @staticmethod
-    def _evictable(entry: ModelEntry) -> bool:
-        return entry.state is ModelState.LOADED and not entry.leases and not entry.waiters and not entry.pinned
-
-    async def _load(self, entry: ModelEntry, unloads: list[asyncio.Task[None]]) -> None:
-        for unload in unloads:  # their memory is returned before this model takes its own
-            await asyncio.shield(unload)
-        logger.info("loading model %s (~%s)", entry.name, human_bytes(entry.spec.memory_bytes))
-        client: EngineClient | None = None
-        try:
-            preloaded = self._preloaded.pop(entry.name, None)
-            if preloaded is None:
-                started = time.monotonic()
-                client = self._factory(entry.spec)
-            else:
-                client, started = preloaded
-            entry.client = client
-            self.prepare(entry.spec, client)
-            client.on_exit(self._exit_handler(entry, client))
-            client.start()
-            await asyncio.to_thread(client.wait_loaded)
-            if not client.loaded:
-                await asyncio.to_thread(client.close)
-                raise ModelUnavailableError(f"The model '{entry.name}' could not be loaded: {client.error}",
-                                            code="model_load_failed")
-            if self._closing:  # close() may have run before this engine existed
-                await asyncio.to_thread(client.close)
-                raise ModelUnavailableError("The server is shutting down", code="shutting_down", retry_after=5)
-        except BaseException as exc:
-            entry.client = None
-            entry.state = ModelState.UNLOADED
-            entry.error = str(exc)
-            # With one model served from start-up the server stops and says why in its one error line (api/app.py).
-            logger.log(logging.ERROR if self.on_demand else logging.WARNING, "model %s: %s", entry.name, exc)
-            self._notify()
-            if isinstance(exc, ModelUnavailableError):
-                raise
-            raise ModelUnavailableError(f"The model '{entry.name}' could not be loaded: {exc}",
-                                        code="model_load_failed") from exc
-        entry.state = ModelState.LOADED
-        entry.loads += 1
-        entry.load_seconds = time.monotonic() - started
-        entry.loaded_at = time.time()
-        entry.last_used = time.monotonic()
-        entry.unload_when_idle = False
-        logger.info("model %s loaded in %.1f s", entry.name, entry.load_seconds)
-        self.on_loaded(entry.name, entry.load_seconds)
-        if not entry.waiters:  # loaded without a request (start-up, or one that gave up): its keep-alive runs now
-            self._schedule_idle(entry)
-        self._notify()
-
-    def _start_unload(self, entry: ModelEntry, reason: str) -> asyncio.Task[None]:
-        self._cancel_timer(entry)
-        client = entry.client
-        assert client is not None and self._loop is not None
-        entry.state = ModelState.UNLOADING
-        entry.task = self._loop.create_task(self._unload(entry, client, reason), name=f"unload {entry.name}")
-        self._notify()
-        return entry.task
-
-    async def _unload(self, entry: ModelEntry, client: EngineClient, reason: str) -> None:
-        logger.info("unloading model %s (%s)", entry.name, reason)
-        try:
-            await asyncio.to_thread(client.close)  # the engine thread frees the model and its context
-            await asyncio.to_thread(_return_freed_memory)
-        except Exception:  # noqa: BLE001 - the entry must still end up unloaded
-            logger.exception("model %s: error while unloading", entry.name)
-        finally:
-            entry.client = None
-            entry.attachments.clear()
-            entry.state = ModelState.UNLOADED
-            entry.loaded_at = None
-            entry.unloads[reason] += 1
-            logger.info("model %s unloaded (%s)", entry.name, reason)
-            self._notify()
-
-    def _exit_handler(self, entry: ModelEntry, client: EngineClient) -> Callable[[BaseException | None], None]:
-        """Runs on the engine thread when it ends; a death (not a stop) is looked at on the event loop."""
-        loop = self._loop
-        assert loop is not None
-
-        def ended(error: BaseException | None) -> None:
-            if error is not None:
-                try:
-                    loop.call_soon_threadsafe(self._engine_died, entry, client, error)
-                except RuntimeError:
-                    pass  # the event loop is closed
-
-        return ended
-
-    def _engine_died(self, entry: ModelEntry, client: EngineClient, error: BaseException) -> None:
-        """A serving engine's death, or a failed load of the one model served without `on_demand`, ends the server
-        (as with one engine: its state is unknown); a failed load on demand is only its requests' 503 (`_load`)."""
-        serving = entry.client is client and entry.state is ModelState.LOADED
-        if serving or not self.on_demand:
-            self.on_fatal(error)
-
-    # ---- idleness -----------------------------------------------------------------------------------
-
-    def _schedule_idle(self, entry: ModelEntry) -> None:
-        self._cancel_timer(entry)
-        if entry.state is not ModelState.LOADED or entry.leases or entry.waiters or self._closing:
-            return
-        if entry.unload_when_idle:
-            self._start_unload(entry, "request")
-        elif entry.pinned:
-            return
-        elif entry.keep_alive == 0:
-            self._start_unload(entry, "keep_alive")
-        else:
-            assert self._loop is not None and entry.keep_alive is not None
-            entry.timer = self._loop.call_later(entry.keep_alive, self._expire, entry)
-
-    def _expire(self, entry: ModelEntry) -> None:
-        entry.timer = None
-        if self._evictable(entry) and not self._closing:
-            self._start_unload(entry, "idle")
-
-    @staticmethod
-    def _cancel_timer(entry: ModelEntry) -> None:
-        if entry.timer is not None:
-            entry.timer.cancel()
-            entry.timer = None
 
     # ---- waiting for room ---------------------------------------------------------------------------
 
@@ -471,7 +312,7 @@ class ModelRegistry:
     def readiness(self) -> tuple[bool, str]:
         """With one model served from start-up: its engine's readiness ("loading" until it is loaded). Serving on
         demand: ready while the server accepts work, whatever is loaded (a request loads its model)."""
-        if self._closing:
+        if self._loader.closing:
             return False, "stopped"
         if self.on_demand:
             alive, status = self.health()
@@ -486,17 +327,3 @@ class ModelRegistry:
     def stats(self) -> EngineStats:
         """Every loaded engine's statistics, summed (the unlabelled metrics)."""
         return EngineStats.total([client.stats() for _, client in self.loaded_clients()])
-
-
-def _return_freed_memory() -> None:
-    """Hands the heap's free pages back to the system (glibc keeps what small allocations freed, such as a model's
-    vocabulary), so an unloaded model's memory shows as returned; a no-op elsewhere."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-def _retrieve_exception(task: asyncio.Task[None]) -> None:
-    if not task.cancelled():
-        task.exception()  # a failed load is reported to its waiters; nobody else needs to hear of it
