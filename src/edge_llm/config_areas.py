@@ -138,10 +138,6 @@ class ModelArea(BaseModel):
         256, ge=16, description="A finished sequence is saved to --prefix-cache-dir when it holds at least this many "
         "tokens that no saved entry already starts with."
     )
-    prefix_cache_write_stall: float = Field(
-        0.0, ge=0, description="TEST ONLY: seconds each prefix-cache save waits halfway through writing its "
-        "temporary file (to test a kill during a save)."
-    )
 
 
 class HttpArea(BaseModel):
@@ -256,7 +252,4 @@ class OperationsArea(BaseModel):
     )
     drain_timeout: float = Field(
         30.0, ge=0, description="On SIGTERM/SIGINT, seconds running requests get to finish before they are cancelled."
-    )
-    test_hooks: bool = Field(
-        False, description="TEST ONLY: enables POST /debug/kill-engine. Never enable it in production."
     )

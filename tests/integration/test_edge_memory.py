@@ -16,6 +16,7 @@ from edge_llm.engine.prefix_cache.store import encode_entry, read_header, read_s
 from edge_llm.models.gguf_info import read_model_facts
 from edge_llm.testing.server import MODEL, RunningServer, run_server
 
+from tests.fault_server import SAVE_STALL_ENV, run_fault_server
 from tests.helpers import metric, scrape, wait_for
 
 # ~900 tokens of distinct numbered rules (as the benchmark's shared prefix), so a prompt is worth saving
@@ -85,8 +86,8 @@ def test_the_prefix_cache_survives_a_restart_and_a_kill_during_a_save(tmp_path: 
         wait_for(lambda: len(entries(directory)) == 1, what="the entry to be written once the engine is idle")
     saved = read_header(entries(directory)[0])
 
-    # Restarted, with every save stalled halfway: the saved prefix is loaded on first use...
-    with run_server(tmp_path, *flags, "--prefix-cache-write-stall", "600") as server:
+    # Restarted, with every save stalled before its temporary file is complete: the saved prefix is loaded on first use...
+    with run_fault_server(tmp_path, *flags, env={SAVE_STALL_ENV: "600"}) as server:
         again = ask(server, RULES, "Which rule is about search?")
         assert cached(again) > 800
         assert metric(scrape(server), "edge_llm_prefix_disk_events_total", event="loaded") == 1

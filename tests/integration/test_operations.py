@@ -20,6 +20,7 @@ import pytest
 
 from edge_llm.api.sse import decode_events
 from edge_llm.testing.server import MODEL_ID, RunningServer, environment, free_port, run_server, serve_command
+from tests.fault_server import REPO, fault_server_command
 from tests.helpers import chat_body, metric, port_of, scrape, wait_for
 
 CHAT = "/v1/chat/completions"
@@ -116,13 +117,16 @@ class RawStream:
 
 
 @contextmanager
-def spawned(tmp_dir: Path, *flags: str, env: dict[str, str] | None = None) -> Iterator[RunningServer]:
-    """A server process not yet waited for (to watch it load); killed at the end if still running."""
+def spawned(tmp_dir: Path, *flags: str, env: dict[str, str] | None = None,
+            faults: bool = False) -> Iterator[RunningServer]:
+    """A server process not yet waited for (to watch it load); killed at the end if still running. `faults`: the
+    test's fault server (tests/fault_server.py), whose engine thread dies on SIGUSR1."""
     port = free_port()
     log_path = tmp_dir / f"server-{port}.log"
+    command = fault_server_command(port, *flags) if faults else serve_command(port, *flags)
     with log_path.open("wb") as log:
-        process = subprocess.Popen(serve_command(port, *flags), stdout=log, stderr=subprocess.STDOUT,
-                                   env=environment(env))
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment(env),
+                                   cwd=REPO if faults else None)
     try:
         yield RunningServer(f"http://127.0.0.1:{port}", process, log_path)
     finally:
@@ -425,10 +429,9 @@ def test_log_prompts_puts_prompt_and_output_in_the_access_line(streams: RunningS
 
 @pytest.fixture(scope="module")
 def mortal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, list[tuple[int, str]]]]:
-    """Started with the test hooks on (from the environment) and a 3-second request deadline;
+    """The fault server (its engine thread dies on SIGUSR1) with a 3-second request deadline;
     the statuses /readyz gave while it loaded come along."""
-    with spawned(tmp_path_factory.mktemp("mortal"), "--request-timeout", "3",
-                 env={"EDGE_LLM_TEST_HOOKS": "1"}) as server:
+    with spawned(tmp_path_factory.mktemp("mortal"), "--request-timeout", "3", faults=True) as server:
         seen: list[tuple[int, str]] = []
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -486,8 +489,7 @@ def test_engine_death_fails_streams_turns_unready_and_exits_nonzero(mortal: tupl
                                                  "Content-Length": "100"}, b'{"prompt": '))
     try:
         wait_for(lambda: metric(scrape(server), "edge_llm_http_requests_in_flight") == 2, 30, "two requests in flight")
-        killed = httpx.post(server.url + "/debug/kill-engine", timeout=30)
-        assert killed.status_code == 202
+        server.process.send_signal(signal.SIGUSR1)  # the next decode step fails as llama.cpp would
         events = stream.join()
         assert events[-1][0] == "error"
         assert json.loads(events[-1][1])["error"]["code"] == "engine_unavailable"

@@ -24,6 +24,7 @@ import pytest
 
 from edge_llm.api.sse import decode_events
 from edge_llm.testing.server import RunningServer, run_server
+from tests.fault_server import run_fault_server
 from tests.reliability.support import (
     CHAT,
     COMPLETIONS,
@@ -90,7 +91,7 @@ def openai_chunks(text: str) -> list[Any]:
 
 
 def test_engine_death_under_load_fails_every_request_and_exits_nonzero(tmp_path: Path) -> None:
-    with run_server(tmp_path, "--test-hooks", "--parallel", "3", "--drain-timeout", "30") as server:
+    with run_fault_server(tmp_path, "--parallel", "3", "--drain-timeout", "30") as server:
         simple = Request(server, CHAT, {"prompt": LONG_TASK, "temperature": 0, "max_tokens": 2000})
         chat_stream = Request(server, CHAT, chat_body(LONG_TASK, max_tokens=2000, stream=True, **NO_END))
         completion_stream = Request(server, COMPLETIONS, {"prompt": COUNTING, "max_tokens": 2000, "stream": True,
@@ -102,7 +103,7 @@ def test_engine_death_under_load_fails_every_request_and_exits_nonzero(tmp_path:
         queued = Request(server, CHAT, chat_body(LONG_TASK, max_tokens=2000, stream=True, **NO_END))
         wait_for(lambda: metric(scrape(server), "edge_llm_http_requests_in_flight") >= 5, TIMEOUT, "five requests")
 
-        assert httpx.post(server.url + "/debug/kill-engine", timeout=30).status_code == 202
+        server.process.send_signal(signal.SIGUSR1)  # the next decode step fails as llama.cpp would
 
         # The simple stream: an error event (the envelope) is its last.
         name, data = simple.join().events()[-1]

@@ -81,7 +81,7 @@ def test_defaults_of_the_operations_settings() -> None:
     result = settings()
     assert result.api_key == [] and result.api_key_file is None
     assert result.allowed_hosts == [] and result.cors_origins == []
-    assert result.log_format == "json" and result.log_prompts is False and result.test_hooks is False
+    assert result.log_format == "json" and result.log_prompts is False
     assert result.drain_timeout == 30 and result.request_timeout is None and result.stream_idle_timeout == 30
     assert result.max_prompt_tokens is None and result.max_tokens_cap is None
 

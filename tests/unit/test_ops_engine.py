@@ -35,13 +35,21 @@ class _Sampler:
         pass
 
 
+class LlamaFailure(RuntimeError):
+    """A failure inside llama.cpp, which the engine thread does not survive."""
+
+
 class SlowRunner:
-    """Every decode takes `step` seconds; every sample is token 1 ("a"); nothing ever ends by itself."""
+    """Every decode takes `step` seconds; every sample is token 1 ("a"); nothing ever ends by itself. Once `broken`
+    is set, its next decode fails as llama.cpp would (the engine thread dies)."""
 
     def __init__(self, step: float = 0.01) -> None:
         self.step = step
+        self.broken = threading.Event()
 
     def decode(self, plan: StepPlan) -> None:
+        if self.broken.is_set():
+            raise LlamaFailure("llama_decode failed")
         time.sleep(self.step)
 
     def arm_abort(self) -> None:  # its steps are short: a cancelled one runs to its end
@@ -103,9 +111,10 @@ class Recorder:
 
 
 def make_engine(*, request_timeout: float | None = None, parallel: int = 2, keep_text: bool = False,
-                step: float = 0.01, cache_slots: int = 0) -> tuple[Engine, Recorder]:
+                step: float = 0.01, cache_slots: int = 0, runner: SlowRunner | None = None) -> tuple[Engine, Recorder]:
     recorder = Recorder()
-    engine = Engine(lambda: SlowRunner(step), n_ctx=4096, batch_size=64, parallel=parallel, cache_slots=cache_slots,
+    runner = runner or SlowRunner(step)
+    engine = Engine(lambda: runner, n_ctx=4096, batch_size=64, parallel=parallel, cache_slots=cache_slots,
                     queue_capacity=8, request_timeout=request_timeout, observer=recorder, keep_text=keep_text)
     engine.start()
     assert engine.wait_loaded(5)
@@ -197,8 +206,9 @@ def test_cancellations_report_their_phase() -> None:
     assert phases == {"waiting": (FinishReason.CANCELLED, "queued"), "running": (FinishReason.CANCELLED, "decode")}
 
 
-def test_the_kill_hook_fails_requests_and_reports_the_error() -> None:
-    engine, recorder = make_engine()
+def test_an_engine_death_fails_requests_and_reports_the_error() -> None:
+    runner = SlowRunner()
+    engine, recorder = make_engine(runner=runner)
     exited: list[BaseException | None] = []
     engine.set_exit_handler(exited.append)
 
@@ -206,7 +216,7 @@ def test_the_kill_hook_fails_requests_and_reports_the_error() -> None:
         channel = ReplyChannel()
         engine.submit(request("victim"), channel)
         assert isinstance(await first_event(channel), TextDelta)
-        engine.kill_for_test()
+        runner.broken.set()
         return await collect(channel)
 
     events = asyncio.run(run())
@@ -214,7 +224,7 @@ def test_the_kill_hook_fails_requests_and_reports_the_error() -> None:
     assert isinstance(events[-1], Failed) and events[-1].code == "engine_unavailable"
     assert recorder.named("failed") == [("victim", "engine_unavailable")]
     assert not engine.alive and not engine.ready
-    assert len(exited) == 1 and "test hook" in str(exited[0])
+    assert len(exited) == 1 and isinstance(exited[0], LlamaFailure)
 
 
 def test_stop_fails_what_is_left_as_shutting_down() -> None:
@@ -335,8 +345,9 @@ def test_the_model_is_freed_only_after_the_tokenizer_thread_is_done(ending: str)
                 assert await asyncio.to_thread(engine.wait_loaded, 5)
                 call = asyncio.ensure_future(client.post("/tokenize", json={"content": "hello"}))
                 assert await asyncio.to_thread(runner.inside.wait, 5)  # inside llama_tokenize
-                if ending == "engine death":
-                    engine.kill_for_test()
+                if ending == "engine death":  # the next decode fails: a request's
+                    runner.broken.set()
+                    engine.submit(request("the last"), ReplyChannel())
                 if ending != "app shutdown":
                     assert await asyncio.to_thread(engine.stop, 5)
             # "app shutdown": leaving the lifespan stops everything

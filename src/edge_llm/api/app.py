@@ -35,7 +35,7 @@ from edge_llm.api.protocol_ollama import (
     OllamaEmbedRequest,
     OllamaGenerateRequest,
 )
-from edge_llm.api.routes import debug_router, router
+from edge_llm.api.routes import router
 from edge_llm.api.routes_ollama import ollama_router
 from edge_llm.api.security import ApiKeyAuth, HostGuard, load_api_keys, warn_if_exposed
 from edge_llm.api.serving.models import ModelServing
@@ -129,9 +129,6 @@ def create_app(
     app.include_router(router)
     app.include_router(ollama_router)
     app.include_router(web_router)  # the web chat at / (no API key needed for the page itself)
-    if settings.test_hooks:
-        logger.warning("test hooks are on (POST /debug/kill-engine): never use --test-hooks in production")
-        app.include_router(debug_router)
     register_error_handlers(app)
     # add_middleware puts each one outside the ones added before it.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)

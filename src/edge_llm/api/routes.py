@@ -209,19 +209,8 @@ async def metrics(request: Request) -> Response:
     return Response(body, media_type=content_type)
 
 
-# Included only with --test-hooks (EDGE_LLM_TEST_HOOKS=1): never in production.
-debug_router = APIRouter(include_in_schema=False)
-
-
-@debug_router.post("/debug/kill-engine")
-async def kill_engine(request: Request) -> JSONResponse:
-    for _, client in _registry(request).loaded_clients():
-        client.kill_for_test()
-    return JSONResponse({"status": "killing the engine thread"}, status_code=202)
-
-
 # The OpenAPI document lists the request schemas even though the route reads the body itself.
-__all__ = ["router", "debug_router", "ChatCompletionRequest"]
+__all__ = ["router", "ChatCompletionRequest"]
 
 
 @router.post("/responses", **_UNVERSIONED)

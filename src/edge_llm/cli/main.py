@@ -351,5 +351,4 @@ def _disk_cache(settings: Settings, path: Path, name: str):  # type: ignore[no-u
                                  cache_type_v=settings.cache_type_v, flash_attn=settings.flash_attn,
                                  deterministic=settings.deterministic)
     store = PrefixStore(directory, fingerprint, budget_bytes=int(settings.prefix_cache_disk_budget))
-    return DiskPrefixCache(store, min_new_tokens=settings.prefix_cache_min_tokens,
-                           write_stall_s=settings.prefix_cache_write_stall)
+    return DiskPrefixCache(store, min_new_tokens=settings.prefix_cache_min_tokens)

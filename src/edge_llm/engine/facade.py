@@ -98,10 +98,6 @@ class EngineClient:
         self._close_tokenizer()
         return self._engine.stop(timeout)
 
-    def kill_for_test(self) -> None:
-        """Test hook (--test-hooks): the engine thread dies as if llama.cpp had failed."""
-        self._engine.kill_for_test()
-
     def _close_tokenizer(self) -> None:
         # Queued tasks still run (the model is not freed yet): a cancelled one would raise CancelledError into
         # a request that was not cancelled. Later ones are refused (`in_tokenizer_thread`).

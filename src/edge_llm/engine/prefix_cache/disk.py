@@ -43,10 +43,9 @@ class StateRunner(Protocol):
 
 
 class DiskPrefixCache:
-    def __init__(self, store: PrefixStore, *, min_new_tokens: int, write_stall_s: float = 0.0) -> None:
+    def __init__(self, store: PrefixStore, *, min_new_tokens: int) -> None:
         self.store = store
         self.min_new_tokens = min_new_tokens
-        self.write_stall_s = write_stall_s
         self._candidates: dict[str, tuple[StoredEntry, int]] = {}  # request id → its best saved entry (engine thread)
         self._pending: list[tuple[int, ...]] = []  # worth saving, not yet copied (engine thread)
         self._queued: list[tuple[int, ...]] = []  # tokens of saves copied and not yet written (guarded by _lock)
@@ -182,7 +181,7 @@ class DiskPrefixCache:
                 return
             tokens, state = job
             try:
-                self.store.write(tokens, state, stall_s=self.write_stall_s)
+                self.store.write(tokens, state)
             except Exception:  # noqa: BLE001 - a failed save (disk full, permissions) loses that entry only
                 logger.exception("saving a prefix of %d tokens failed", len(tokens))
             finally:

@@ -247,7 +247,7 @@ class PrefixStore:
 
     # ---- writes (writer thread) ---------------------------------------------------------------------
 
-    def write(self, tokens: tuple[int, ...], state: bytes, *, stall_s: float = 0.0) -> bool:
+    def write(self, tokens: tuple[int, ...], state: bytes) -> bool:
         """Saves an entry atomically (temporary file, fsync, rename, fsync of the directory); entries it covers
         (their tokens a prefix of its) are deleted, then the least recently used beyond the budget. False when the
         entry alone is larger than the budget."""
@@ -261,12 +261,7 @@ class PrefixStore:
         temporary = self.directory / (name + TMP_SUFFIX)
         with temporary.open("wb") as file:
             file.write(head)
-            half = len(body) // 2
-            file.write(body[:half])
-            if stall_s > 0:  # test hook (--prefix-cache-write-stall): a kill lands in the middle of a save
-                file.flush()
-                time.sleep(stall_s)
-            file.write(body[half:])
+            file.write(body)
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, final)

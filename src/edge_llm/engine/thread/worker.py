@@ -170,10 +170,6 @@ class Engine:
                 if not live and self.runner is not None:
                     self.runner.abort_step()
 
-    def kill_for_test(self) -> None:
-        """Test hook: makes the engine thread die as if llama.cpp had failed."""
-        self._inbox.put(("crash", None))
-
     def stats(self) -> EngineStats:
         """A snapshot read from another thread while the engine thread may be changing it: every figure is
         an int the engine thread replaces whole (the eviction counters' keys never change)."""
@@ -329,8 +325,6 @@ class Engine:
                 self._embeddings.add(*payload)
             elif command == "stop":
                 return False
-            elif command == "crash":
-                raise RuntimeError("the engine thread was killed by the test hook")
 
     def _decode(self, plan: StepPlan) -> bool:
         """Decodes the step's batch; False when it was stopped because every request in it was cancelled (the step

@@ -1,0 +1,85 @@
+"""`edge-llm serve` with faults a test triggers from outside, so that the product carries no test hooks:
+
+- SIGUSR1: the engine thread dies at its next decode step, as if llama.cpp had failed there (the server then fails
+  what is in flight and exits 1, as for any engine death);
+- $EDGE_LLM_FAULT_SAVE_STALL=S: each prefix-cache save waits S seconds before its temporary file is synced and
+  renamed, so a kill lands in the middle of a save.
+
+Started by `fault_server_command` (`python -m tests.fault_server serve FLAGS…` from the repository's root).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import sys
+import threading
+import time
+import types
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from edge_llm.testing.server import MODEL, RunningServer, free_port, require_model, run_process
+
+REPO = Path(__file__).resolve().parents[1]
+SAVE_STALL_ENV = "EDGE_LLM_FAULT_SAVE_STALL"
+
+
+def fault_server_command(port: int, *flags: str, model: Path = MODEL, threads: int = 2) -> list[str]:
+    """The command line of this server (run it with cwd=REPO, so that `tests` is importable)."""
+    return [sys.executable, "-m", "tests.fault_server", "serve", "--model", str(model), "--port", str(port),
+            "--threads", str(threads), *flags]
+
+
+@contextmanager
+def run_fault_server(log_dir: Path, *flags: str, env: dict[str, str | None] | None = None) -> Iterator[RunningServer]:
+    """As `run_server`, with the faults above ready to trigger."""
+    port = free_port()
+    command = fault_server_command(port, *flags, model=require_model())
+    with run_process(command, f"http://127.0.0.1:{port}", log_dir / f"server-{port}.log", env=env,
+                     cwd=REPO) as server:
+        yield server
+
+
+def _dying_decode(decode: Callable[..., Any], killed: threading.Event) -> Callable[..., Any]:
+    def decode_unless_killed(self: Any, plan: Any) -> Any:
+        if killed.is_set():
+            raise RuntimeError("the engine thread was killed by the test (SIGUSR1)")
+        return decode(self, plan)
+
+    return decode_unless_killed
+
+
+def _stalling_os(seconds: float) -> types.SimpleNamespace:
+    """The os module as the prefix store sees it, with an fsync of a regular file (the temporary file, before its
+    rename) that first waits `seconds`."""
+
+    def fsync(fd: int) -> None:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            time.sleep(seconds)
+        os.fsync(fd)
+
+    return types.SimpleNamespace(**{**vars(os), "fsync": fsync})
+
+
+def install_faults() -> None:
+    # Imported here: a test process importing this module for its helpers loads neither llama.cpp nor the server.
+    from edge_llm.engine.llama.runner import LlamaRunner
+    from edge_llm.engine.prefix_cache import store
+
+    killed = threading.Event()
+    LlamaRunner.decode = _dying_decode(LlamaRunner.decode, killed)  # type: ignore[method-assign]
+    signal.signal(signal.SIGUSR1, lambda signum, frame: killed.set())
+    stall = float(os.environ.get(SAVE_STALL_ENV) or 0)
+    if stall > 0:
+        store.os = _stalling_os(stall)  # type: ignore[assignment]
+
+
+if __name__ == "__main__":
+    from edge_llm.cli.main import main
+
+    install_faults()
+    raise SystemExit(main())
