@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -86,3 +87,22 @@ def agreeing_tokens(first: list[dict[str, Any]], second: list[dict[str, Any]], t
         assert a["token"] in b_top and b["logprob"] - b_top[a["token"]] <= tolerance, ("not a near-tie", index, a, b)
         return index
     return min(len(first), len(second))
+
+
+def decode_events(stream: str) -> list[tuple[str, str]]:
+    """A whole SSE stream as an EventSource client reads it: (event name, data) pairs (api/sse.py encodes)."""
+    events: list[tuple[str, str]] = []
+    for block in re.split(r"(?:\r\n|\r(?!\n)|\n){2}", stream):
+        if not block:
+            continue
+        name, data = "message", []
+        for line in re.split(r"\r\n|\r|\n", block):
+            field, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if field == "event":
+                name = value
+            elif field == "data":
+                data.append(value)
+        if data:
+            events.append((name, "\n".join(data)))
+    return events

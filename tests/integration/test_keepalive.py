@@ -12,9 +12,8 @@ import httpx
 import openai
 import pytest
 
-from edge_llm.api.sse import decode_events
 from edge_llm.testing.server import MODEL_ID, RunningServer, run_server
-from tests.helpers import chat_body, metric, scrape, wait_for
+from tests.helpers import chat_body, decode_events, metric, scrape, wait_for
 
 CHAT = "/v1/chat/completions"
 INTERVAL = 0.2

@@ -18,10 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
-from edge_llm.api.sse import decode_events
 from edge_llm.testing.server import MODEL_ID, RunningServer, environment, free_port, run_server, serve_command
 from tests.fault_server import REPO, fault_server_command
-from tests.helpers import chat_body, metric, port_of, scrape, wait_for
+from tests.helpers import chat_body, decode_events, metric, port_of, scrape, wait_for
 
 CHAT = "/v1/chat/completions"
 FLAG_KEY = "sk-test-flag-key"

@@ -10,9 +10,8 @@ import httpx
 import openai
 import pytest
 
-from edge_llm.api.sse import decode_events
 from edge_llm.testing.server import RunningServer
-from tests.helpers import metric, scrape, sse_events, wait_for
+from tests.helpers import decode_events, metric, scrape, sse_events, wait_for
 
 CHAT = "/v1/chat/completions"
 

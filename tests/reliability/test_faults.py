@@ -22,9 +22,9 @@ from typing import Any
 import httpx
 import pytest
 
-from edge_llm.api.sse import decode_events
 from edge_llm.testing.server import RunningServer, run_server
 from tests.fault_server import run_fault_server
+from tests.helpers import decode_events
 from tests.reliability.support import (
     CHAT,
     COMPLETIONS,

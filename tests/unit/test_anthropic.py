@@ -24,13 +24,13 @@ from edge_llm.api.protocol_anthropic import (
 )
 from edge_llm.api.security import ApiKeyAuth
 from edge_llm.api.serving.messages import _Blocks, tool_use_block
-from edge_llm.api.sse import decode_events
 from edge_llm.engine.thread.text import OutputText
 from edge_llm.engine.types import Finished, FinishReason, Usage
 from edge_llm.prompting.chat_template import ChatTemplate
 from edge_llm.prompting.prompt import PromptBuilder
 from edge_llm.prompting.tools import ParsedToolCall
 from tests.unit.test_chat_template import SPECIALS, FakeTokenizer, plain
+from tests.helpers import decode_events
 
 WEATHER = {"name": "get_weather", "description": "Weather in a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}

@@ -8,7 +8,7 @@ from collections import Counter
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from edge_llm.api.sse import decode_events, encode_event
+from edge_llm.api.sse import encode_event
 from edge_llm.engine.scheduling.scheduler import MAX_PREEMPTIONS, RequestTooLargeError, Scheduler
 from edge_llm.engine.scheduling.sequence import Phase
 from edge_llm.engine.scheduling.step_plan import KvCopy, KvRemove
@@ -16,6 +16,7 @@ from edge_llm.engine.speculative.step_cost import CPU_STEP_COST, StepCost
 from edge_llm.engine.thread.text import OutputText, StopMatcher, Utf8Assembler
 
 from .scheduler_model import Driver
+from tests.helpers import decode_events
 
 FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -15,9 +15,9 @@ from edge_llm.api.protocol import ChatCompletionRequest
 from edge_llm.api.protocol_responses import ResponsesRequest, set_aside_unread
 from edge_llm.api.serving.responses import answer_events, encode, refuse_unsupported
 from edge_llm.api.serving.responses_events import ResponseBuilder
-from edge_llm.api.sse import decode_events
 from edge_llm.engine.types import Usage
 from edge_llm.prompting.tools import ParsedToolCall, ToolCallParser
+from tests.helpers import decode_events
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from edge_llm.api.sse import KEEPALIVE, EventStreamResponse, decode_events, encode_event
+from edge_llm.api.sse import KEEPALIVE, EventStreamResponse, encode_event
+from tests.helpers import decode_events
 
 ROUND_TRIP = [
     "plain",

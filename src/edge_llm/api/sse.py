@@ -47,25 +47,6 @@ def encode_json_event(payload: dict[str, Any], event: str | None = None) -> byte
 DONE = encode_event("[DONE]")  # the end of an OpenAI stream
 
 
-def decode_events(stream: str) -> list[tuple[str, str]]:
-    """The inverse, as an EventSource client does it: (event name, data) pairs."""
-    events: list[tuple[str, str]] = []
-    for block in re.split(r"(?:\r\n|\r(?!\n)|\n){2}", stream):
-        if not block:
-            continue
-        name, data = "message", []
-        for line in _LINE_BREAK.split(block):
-            field, _, value = line.partition(":")
-            value = value[1:] if value.startswith(" ") else value
-            if field == "event":
-                name = value
-            elif field == "data":
-                data.append(value)
-        if data:
-            events.append((name, "\n".join(data)))
-    return events
-
-
 class EventStreamResponse(StreamingResponse):
     """Streams `body` as text/event-stream and cancels it as soon as the client disconnects.
 
