@@ -96,13 +96,8 @@ class Settings(OperationsArea, LimitsArea, SecurityArea, SamplingArea, HttpArea,
 
     @field_validator("memory_budget", mode="before")
     @classmethod
-    def _valid_memory_budget(cls, value: Any) -> Any:
-        from edge_llm.registry.keep_alive import parse_bytes
-
-        if value is None or value == "":
-            return None
-        parse_bytes(value)
-        return str(value)
+    def _no_budget_for_an_empty_value(cls, value: Any) -> Any:
+        return None if value == "" else value  # EDGE_LLM_MEMORY_BUDGET= (empty): the default budget
 
     @model_validator(mode="after")
     def _batch_holds_every_sequence(self) -> Settings:

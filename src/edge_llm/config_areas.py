@@ -66,8 +66,8 @@ class ModelArea(BaseModel):
         None, ge=1, description="Most models loaded at once; loading one more unloads the least recently used "
         "idle one (default: no limit but the memory budget)."
     )
-    memory_budget: str | None = Field(
-        None, description="Memory the loaded models may take together, in bytes or with a unit (\"3GiB\", "
+    memory_budget: ByteSize | None = Field(
+        None, gt=0, description="Memory the loaded models may take together, in bytes or with a unit (\"3GiB\", "
         "\"1500MB\"), each model counted by its memory estimate (edge-llm model info). Default: 90% of the memory "
         "available at start-up, as the start-up memory check computes it."
     )

@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
+from edge_llm.config import Settings
 from edge_llm.engine.types import EngineStats
 from edge_llm.registry.budget import Resident, make_room
-from edge_llm.registry.keep_alive import parse_bytes, parse_keep_alive
+from edge_llm.registry.keep_alive import parse_keep_alive
 from edge_llm.registry.registry import (
     ModelRegistry,
     ModelState,
@@ -317,12 +319,15 @@ def test_keep_alive_of_a_megabyte_is_refused_in_linear_time(value: str) -> None:
         parse_keep_alive(value)
 
 
-def test_memory_sizes() -> None:
-    assert parse_bytes("3GiB") == 3 * 1024**3
-    assert parse_bytes("1500MB") == 1_500_000_000
-    assert parse_bytes(1024) == 1024
-    with pytest.raises(ValueError):
-        parse_bytes("lots")
+def test_memory_budget_sizes() -> None:
+    """--memory-budget is pydantic's ByteSize: bytes, or decimal and binary units; positive."""
+    assert Settings(memory_budget="3GiB").memory_budget == 3 * 1024**3
+    assert Settings(memory_budget="1500MB").memory_budget == 1_500_000_000
+    assert Settings(memory_budget=1024).memory_budget == 1024
+    assert Settings(memory_budget="").memory_budget is None
+    for wrong in ("lots", 0, "-1GB"):
+        with pytest.raises(ValidationError):
+            Settings(memory_budget=wrong)
 
 
 # ---- what --models-dir serves ------------------------------------------------------------------------------

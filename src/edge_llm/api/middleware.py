@@ -18,6 +18,7 @@ from email.utils import formatdate
 from typing import Any
 
 import anyio
+from starlette.datastructures import Headers
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -60,13 +61,6 @@ def _http_date() -> bytes:
     if _date_cache[0] != now:
         _date_cache = (now, formatdate(now, usegmt=True).encode())
     return _date_cache[1]
-
-
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return value.decode("latin-1")
-    return None
 
 
 def _error_code(body: bytes) -> str | None:
@@ -135,7 +129,7 @@ class RequestContext:
             await self.app(scope, receive, send)
             return
         record = self.records.open(
-            sane_request_id(_header(scope, b"x-request-id")) or new_request_id(),
+            sane_request_id(Headers(scope=scope).get("x-request-id")) or new_request_id(),
             scope["method"], scope["path"], time.monotonic(),
         )
         token = bind_request_id(record.request_id)

@@ -13,6 +13,7 @@ import re
 import socket
 from urllib.parse import urlsplit
 
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from edge_llm.api.errors import APIError
@@ -23,13 +24,6 @@ from edge_llm.config import Settings
 logger = logging.getLogger(__name__)
 
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
-
-
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return value.decode("latin-1")
-    return None
 
 
 def _client(scope: Scope) -> str | None:
@@ -70,7 +64,8 @@ class ApiKeyAuth:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS or scope["path"] in WEB_PATHS:
             await self.app(scope, receive, send)
             return
-        problem = self._check(_header(scope, b"authorization"), _header(scope, b"x-api-key"))
+        headers = Headers(scope=scope)
+        problem = self._check(headers.get("authorization"), headers.get("x-api-key"))
         if problem is None:
             await self.app(scope, receive, send)
             return
@@ -161,13 +156,14 @@ class HostGuard:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        host = _header(scope, b"host")
+        headers = Headers(scope=scope)
+        host = headers.get("host")
         if host is not None and not self.host_allowed(host):
             logger.warning("refused Host header %r", host[:200], extra={"client": _client(scope)})
             await self._refuse(scope, receive, send, f"The Host '{host[:200]}' is not served here (see --allowed-hosts)",
                                "host_not_allowed")
             return
-        origin = _header(scope, b"origin")
+        origin = headers.get("origin")
         if origin is not None and not self.origin_allowed(origin, host):
             logger.warning("refused Origin %r", origin[:200], extra={"client": _client(scope)})
             await self._refuse(scope, receive, send, f"The origin '{origin[:200]}' is not allowed (see --cors-origins)",

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -119,15 +120,14 @@ def error_message(error: Any) -> str:
 # ---- statistics (pure) -----------------------------------------------------------------------
 
 
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-th percentile (0..100) by linear interpolation between closest ranks; None if empty."""
+def percentile(values: Sequence[float], q: int) -> float | None:
+    """The q-th percentile (0..100) by linear interpolation between closest ranks (statistics.quantiles' inclusive
+    method; 0 and 100 are the least and the greatest); None if empty."""
     if not values:
         return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100.0
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+    if len(values) < 2 or q in (0, 100):  # (quantiles needs two values, and gives the cut points 1..99)
+        return min(values) if q == 0 else max(values) if q == 100 else values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
 def inter_token_latencies(result: StreamResult) -> list[float]:

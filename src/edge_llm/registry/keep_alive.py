@@ -1,4 +1,4 @@
-"""Ollama's keep_alive values and memory sizes, parsed (pure).
+"""Ollama's keep_alive values, parsed (pure).
 
 keep_alive: a Go-style duration ("5m", "1h30m", "90s", "500ms"), a number of seconds (5, "5", 2.5), 0 (unload
 after the request) or any negative value (-1, "-1m": never unload). Parsed to seconds, None meaning never.
@@ -11,9 +11,6 @@ from typing import Any
 
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-_BYTE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
-               "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tb": 1000**4, "tib": 1024**4}
-_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?)\s*([a-z]*)\s*")
 NEVER = None  # keep_alive: never unload
 _MAX_DURATION_CHARS = 64  # "2562047h47m16.854775807s", Go's longest, has 24
 
@@ -61,20 +58,3 @@ def describe_keep_alive(seconds: float | None) -> str:
     if seconds == 0:
         return "unloaded after each request"
     return f"unloaded after {seconds:g} s idle"
-
-
-def parse_bytes(value: Any) -> int:
-    """"3GiB", "1500MB", "512m", 1073741824 → bytes. Raises ValueError."""
-    if isinstance(value, bool):
-        raise ValueError("a memory size must be a number of bytes or have a unit (\"3GiB\", \"1500MB\")")
-    if isinstance(value, (int, float)):
-        if value <= 0:
-            raise ValueError("a memory size must be positive")
-        return int(value)
-    match = _SIZE.fullmatch(str(value).lower())
-    if match is None or match.group(2) not in _BYTE_UNITS:
-        raise ValueError(f"{value!r} is not a memory size: use bytes or a unit, e.g. \"3GiB\", \"1500MB\"")
-    size = int(float(match.group(1)) * _BYTE_UNITS[match.group(2)])
-    if size <= 0:
-        raise ValueError("a memory size must be positive")
-    return size

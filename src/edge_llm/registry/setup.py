@@ -4,7 +4,7 @@ GGUF there, loaded on demand, unloaded after --keep-alive, within --memory-budge
 from __future__ import annotations
 
 from edge_llm.config import Settings
-from edge_llm.registry.keep_alive import parse_bytes, parse_keep_alive
+from edge_llm.registry.keep_alive import parse_keep_alive
 from edge_llm.registry.registry import EngineFactory, ModelRegistry
 from edge_llm.registry.specs import model_specs
 
@@ -20,7 +20,7 @@ def build_registry(settings: Settings, factory: EngineFactory, *, default_budget
         keep_alive = parse_keep_alive(settings.keep_alive)
     else:
         keep_alive = ON_DEMAND_KEEP_ALIVE if on_demand else None
-    budget = parse_bytes(settings.memory_budget) if settings.memory_budget else (default_budget if on_demand else None)
+    budget = int(settings.memory_budget) if settings.memory_budget else (default_budget if on_demand else None)
     return ModelRegistry(
         specs, factory, default_model=specs[0].name,  # model_specs puts the default first
         keep_alive=keep_alive, budget=budget,
