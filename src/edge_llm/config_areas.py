@@ -44,7 +44,7 @@ class ModelArea(BaseModel):
         None, description="Extra name clients may use in the `model` field (besides the file name)."
     )
 
-    # Many models (see README, Many models)
+    # Many models (docs/models.md#many-models-in-one-server)
     models_dir: Path | None = Field(
         None, description="Serve every GGUF file in this directory, each loaded on its first request and unloaded "
         f"when idle (with --model too: that one is also served, and is the default for requests naming none). A flag "
@@ -92,7 +92,7 @@ class ModelArea(BaseModel):
     )
     parallel: int = Field(
         8, ge=1, le=64,
-        description="Most sequences decoded together in one batch (8: see README, Performance).",
+        description="Most sequences decoded together in one batch (8: see docs/performance.md).",
     )
     cache_slots: int = Field(
         8, ge=0, le=128, description="Finished sequences kept in the KV cache for prefix reuse (0 disables the prefix cache)."
@@ -120,7 +120,7 @@ class ModelArea(BaseModel):
     )
     deterministic: bool = Field(
         False, description="Repeatable answers: a temperature-0 or seeded request gives the same bytes whatever is "
-        "cached, runs beside it, or how its prompt is chunked, drafted or preempted (README, Deterministic mode). "
+        "cached, runs beside it, or how its prompt is chunked, drafted or preempted (docs/determinism.md). "
         "Each sequence gets its own KV stream of --ctx-size / (--parallel + --cache-slots) cells, the KV cache is "
         "quantized (q8_0 unless --cache-type-k/-v name another quantized type), flash attention is on, and "
         "ggml's repacked and tiled matrix kernels are off; --cache-reuse does not apply and --prefix-cache-dir "
@@ -128,7 +128,7 @@ class ModelArea(BaseModel):
     )
     prefix_cache_dir: Path | None = Field(
         None, description="Directory where finished sequences' KV state is kept across restarts (the persistent "
-        "prefix cache; off by default). See README, The persistent prefix cache."
+        "prefix cache; off by default). See docs/kv-cache.md#the-persistent-prefix-cache."
     )
     prefix_cache_disk_budget: ByteSize = Field(
         ByteSize(1 << 30), description="Most bytes the persistent prefix cache keeps on disk (e.g. 512MiB, 2GB); "
