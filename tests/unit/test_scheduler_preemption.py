@@ -230,7 +230,7 @@ def test_ledger_truncation_frees_what_nobody_else_holds() -> None:
     ledger = KvLedger()
     ledger.grow(0, 100)
     ledger.copy(0, 1, 30)
-    assert not ledger.sole_holder_from(0, 20) and ledger.sole_holder_from(0, 30)
+    assert ledger.other_holders_from(0, 20) and not ledger.other_holders_from(0, 30)
     ledger.truncate(0, 50)
     assert ledger.used == 50
     ledger.grow(0, 10)  # a moved chunk, then the prefill's own cells
@@ -341,7 +341,7 @@ def test_older_cache_entries_sharing_a_chunk_are_evicted_so_that_it_can_move() -
     d.run()
     newer = d.s.add("newer", base + [5, 6], 2, reuse_min=16)  # shares "older"'s prompt cells, then its own
     d.run()
-    assert len(d.s.cache) == 2 and not d.s.kv.ledger.sole_holder_from(newer.seq_id, 42)
+    assert len(d.s.cache) == 2 and d.s.kv.ledger.other_holders_from(newer.seq_id, 42)
     edited = FILE_HEAD + [7, 8, 60, 61] + FILE_TAIL + [9]
     after = d.s.add("after", edited, 2, reuse_min=16)
     plan = d.step(finish_at_max=False)

@@ -98,10 +98,6 @@ class KvLedger:
         self._holdings[seq_id] = kept
         self._recount()
 
-    def sole_holder_from(self, seq_id: int, position: int) -> bool:
-        """Nobody else holds any of `seq_id`'s cells at positions >= `position` (they may be moved)."""
-        return not self.other_holders_from(seq_id, position)
-
     def other_holders_from(self, seq_id: int, position: int) -> set[int]:
         """The other sequences holding any of `seq_id`'s cells at positions >= `position`."""
         others: set[int] = set()

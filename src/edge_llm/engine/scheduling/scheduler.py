@@ -104,10 +104,6 @@ class Scheduler:
     def free_cells(self) -> int:
         return self.kv.free_cells
 
-    @property
-    def active_kv_tokens(self) -> int:
-        return sum(s.n_past for s in self.running) + sum(len(e.tokens) for e in self.cached.entries.values())
-
     def pinned(self, sequence: Sequence) -> bool:
         """Preempted often enough: re-admitted with room for its whole answer, never preempted again."""
         return sequence.pinned(self.max_preemptions)
@@ -118,9 +114,6 @@ class Scheduler:
 
     def idle(self) -> bool:
         return not self.waiting and not self.running
-
-    def sequence_count(self) -> int:
-        return len(self.running) + len(self.waiting)
 
     # ---- insert / remove ----------------------------------------------------------------
 
