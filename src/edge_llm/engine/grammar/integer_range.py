@@ -53,7 +53,8 @@ def _same_length(lo: int, hi: int, digits: int) -> list[str]:
     while i < len(pieces):
         x, k = pieces[i]
         j = i
-        while (j + 1 < len(pieces) and pieces[j + 1][1] == k and pieces[j + 1][0] == pieces[j][0] + 10**k
+        # (the pieces are consecutive by construction: only their size and their parent decide)
+        while (j + 1 < len(pieces) and pieces[j + 1][1] == k
                and pieces[j + 1][0] // 10 ** (k + 1) == x // 10 ** (k + 1)):
             j += 1
         text = str(x).zfill(digits)
