@@ -219,7 +219,7 @@ __all__ = ["router", "ChatCompletionRequest"]
     "/v1/responses",
     responses={**_ERRORS, 200: {"content": {"text/event-stream": {}}}},
     openapi_extra=_json_body("ResponsesRequest"),
-    summary="OpenAI Responses API: input items, previous_response_id, function tools, text.format, the Responses event stream",
+    summary="OpenAI Responses API: input items, previous_response_id, function tools, text.format, its event stream",
 )
 async def responses(request: Request) -> Response:
     return await with_model(request, ResponsesServing, lambda serving: serving.responses(request))
