@@ -6,7 +6,9 @@ import json
 import os
 import socket
 import statistics
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -163,6 +165,38 @@ def neighbour_alone(server: RunningServer) -> float:
     return statistics.median(neighbour_seconds(server) for _ in range(5))
 
 
+def neighbour_beside(server: RunningServer, path: str, body: bytes, alone: float, what: str,
+                     neighbour: Callable[[RunningServer], float] = neighbour_seconds) -> httpx.Response:
+    """Sends `body` (JSON) to `path` and, until it is answered, neighbours one after the other (at least one, so
+    some neighbour runs while the hostile work does, whenever that starts), and asserts that the slowest of them
+    stays within the neighbour bound; returns the hostile answer. On this shared machine a neighbour alone
+    sometimes takes seconds (llama.cpp's compute threads wait for each other when another process holds a core), so
+    a case over the bound is tried up to twice more: work that holds the neighbour holds it every time."""
+    tries: list[float] = []
+    while True:
+        answers: list[httpx.Response] = []
+
+        def hostile() -> None:
+            answers.append(post_raw(server, path, body))
+
+        thread = threading.Thread(target=hostile)
+        thread.start()
+        times: list[float] = []
+        while thread.is_alive() or not times:
+            times.append(neighbour(server))
+        thread.join(TIMEOUT)
+        assert answers, "the hostile request never got an answer"
+        tries.append(max(times))
+        if tries[-1] <= neighbour_bound(alone) or len(tries) == 3:
+            break
+    assert_neighbour_unhurt(min(tries), alone, f"{what} (tries: {[round(t, 2) for t in tries]})")
+    return answers[0]
+
+
+def neighbour_bound(alone: float) -> float:
+    return NEIGHBOUR_RATIO * alone + NEIGHBOUR_SLACK
+
+
 def assert_neighbour_unhurt(took: float, alone: float, what: str) -> None:
-    assert took <= NEIGHBOUR_RATIO * alone + NEIGHBOUR_SLACK, \
+    assert took <= neighbour_bound(alone), \
         f"{what}: the neighbour took {took:.2f} s (alone {alone:.2f} s)"

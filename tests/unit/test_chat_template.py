@@ -245,3 +245,24 @@ def test_prompt_builder_bos_from_content_is_not_trusted() -> None:
 def test_prompt_builder_without_bos() -> None:
     builder = PromptBuilder(ChatTemplate(None), FakeTokenizer(), bos_token=None, control_tokens=SPECIALS)
     assert builder.build([{"role": "user", "content": "a"}])[0] == 1  # <|im_start|>
+
+
+def test_prompt_builder_shows_the_rendered_size_before_tokenizing_and_a_refusal_stops_it() -> None:
+    tokenizer = FakeTokenizer()
+    builder = PromptBuilder(ChatTemplate(None), tokenizer, bos_token=None, control_tokens=SPECIALS)
+    messages = [{"role": "user", "content": "é" * 1000}]
+    rendered = "".join(segment.text for segment in builder.template.render(messages, add_generation_prompt=True))
+    sizes: list[int] = []
+    builder.build(messages, before_tokenizing=sizes.append)
+    assert sizes == [len(rendered.encode("utf-8"))] and sizes[0] > 2000  # bytes, not characters
+
+    class TooLong(Exception):
+        pass
+
+    def refuse(size: int) -> None:
+        raise TooLong(size)
+
+    tokenizer.calls.clear()
+    with pytest.raises(TooLong):
+        builder.build(messages, before_tokenizing=refuse)
+    assert tokenizer.calls == []  # nothing was tokenized

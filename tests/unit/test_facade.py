@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 import edge_llm.api
-from edge_llm.engine.facade import EngineClient
+from edge_llm.engine.facade import BULK_NICENESS, EngineClient
 from edge_llm.engine.types import (
     EngineStats,
     EngineUnavailableError,
@@ -135,13 +136,45 @@ def test_vocabulary_work_runs_in_the_tokenizer_thread_until_close() -> None:
     async def run() -> None:
         thread = await client.in_tokenizer_thread(lambda: threading.current_thread().name)
         assert thread.startswith("edge-llm-tokenizer")
-        client._tokenizer_pool.shutdown()  # as close() does first, the engine still running
+        client._tokenizer_lane._pool.shutdown()  # as close() does first, the engine still running
         with pytest.raises(EngineUnavailableError, match="not running"):
             await client.in_tokenizer_thread(lambda: None)
 
     asyncio.run(run())
     assert client.close() and engine.events == ["engine stopped"]
     client.close()  # idempotent
+
+
+def test_a_large_requests_work_runs_in_its_own_thread_so_the_tokenizer_thread_stays_free() -> None:
+    engine = FakeEngine()
+    client = EngineClient(engine)  # type: ignore[arg-type]
+    release = threading.Event()
+    inside = threading.Event()
+
+    def megabyte_prompt() -> str:
+        inside.set()
+        release.wait(5)
+        return threading.current_thread().name
+
+    async def run() -> None:
+        bulk = asyncio.ensure_future(client.in_bulk_thread(megabyte_prompt))
+        assert await asyncio.to_thread(inside.wait, 5)
+        # the bulk thread is busy: an ordinary request's work still runs at once
+        ordinary = await asyncio.wait_for(client.in_tokenizer_thread(lambda: threading.current_thread().name), 5)
+        assert ordinary.startswith("edge-llm-tokenizer")
+        release.set()
+        assert (await bulk).startswith("edge-llm-bulk-tokenizer")
+        # the bulk thread runs at a lower priority, the tokenizer thread at the process's
+        process_nice = os.getpriority(os.PRIO_PROCESS, 0)
+        niceness = await client.in_bulk_thread(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        assert niceness == min(19, process_nice + BULK_NICENESS)
+        assert await client.in_tokenizer_thread(
+            lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())) == process_nice
+
+    asyncio.run(run())
+    assert client.close()
+    with pytest.raises(EngineUnavailableError, match="not running"):
+        asyncio.run(client.in_bulk_thread(lambda: None))
 
 
 def test_the_api_layer_uses_only_the_facade_and_plain_data() -> None:

@@ -336,8 +336,8 @@ def test_the_model_is_freed_only_after_the_tokenizer_thread_is_done(ending: str)
     runner = TokenizingRunner(waited_for)
     app, engine = _app_with(runner)
     client = app.state.engine
-    client._tokenizer_pool.shutdown()
-    client._tokenizer_pool = WatchedPool(waited_for)
+    client._tokenizer_lane._pool.shutdown()
+    client._tokenizer_lane._pool = WatchedPool(waited_for)
 
     async def run() -> httpx.Response:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:

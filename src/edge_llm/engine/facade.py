@@ -12,8 +12,10 @@ The API layer talks to the engine only through this class (and the plain data in
 - lifecycle: `start`, `wait_loaded`, `on_exit`, `set_observer`, and `close()`, the one way to end it all.
 
 Vocabulary and grammar work reads the model but never runs on the engine thread: it runs in the tokenizer
-thread (`in_tokenizer_thread`), so neither the event loop nor the engine waits on it. That thread is closed
-(queued work still finishes) before the engine thread frees the model, whichever way the engine ends.
+thread (`in_tokenizer_thread`), so neither the event loop nor the engine waits on it. The work of a large request
+(a megabyte prompt takes seconds to tokenize) runs in a second one (`in_bulk_thread`), so that ordinary requests
+never queue behind it. Both are closed (queued work still finishes) before the engine thread frees the model,
+whichever way the engine ends.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
+import sys
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar, cast
@@ -44,6 +49,10 @@ __all__ = ["EngineClient", "GrammarError", "ReplyChannel"]
 
 logger = logging.getLogger(__name__)
 
+# How much lower the bulk tokenizer thread's CPU priority is (Linux niceness: 5 weighs about a third of a normal
+# thread when both want a core).
+BULK_NICENESS = 5
+
 T = TypeVar("T")
 
 
@@ -66,8 +75,8 @@ class EngineClient:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        self._tokenizer_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edge-llm-tokenizer")
-        self._tokenizer_watchdog = Watchdog("tokenizer", engine.watchdog.limit)
+        self._tokenizer_lane = _Lane("tokenizer", engine.watchdog.limit)
+        self._bulk_lane = _Lane("bulk tokenizer", engine.watchdog.limit, nice=BULK_NICENESS)
         # The tokenizer thread reads the model that the engine thread frees when it ends (a stop, a crash):
         # the engine runs this first, on its own thread, before it frees the model.
         engine.add_close_hook(self._close_tokenizer)
@@ -101,8 +110,8 @@ class EngineClient:
     def _close_tokenizer(self) -> None:
         # Queued tasks still run (the model is not freed yet): a cancelled one would raise CancelledError into
         # a request that was not cancelled. Later ones are refused (`in_tokenizer_thread`).
-        self._tokenizer_pool.shutdown(wait=True)
-        self._tokenizer_watchdog.close()
+        self._tokenizer_lane.close()
+        self._bulk_lane.close()
 
     # ---- health --------------------------------------------------------------------------------
 
@@ -147,14 +156,16 @@ class EngineClient:
 
     def stats(self) -> EngineStats:
         stats = self._engine.stats()
-        watchdog = self._tokenizer_watchdog
-        return dataclasses.replace(stats, watchdog_stalls=stats.watchdog_stalls + watchdog.stalls,
-                                   stalled_threads=stats.stalled_threads + (watchdog.stall() is not None))
+        watchdogs = (self._tokenizer_lane.watchdog, self._bulk_lane.watchdog)
+        return dataclasses.replace(stats, watchdog_stalls=stats.watchdog_stalls + sum(w.stalls for w in watchdogs),
+                                   stalled_threads=stats.stalled_threads + sum(w.stall() is not None
+                                                                               for w in watchdogs))
 
     def stall(self) -> str | None:
         """What the watchdog (--watchdog-seconds) sees stuck now, in words: a step of the engine thread or a job
         of the tokenizer thread running past its limit; None when neither is."""
-        return self._engine.watchdog.stall() or self._tokenizer_watchdog.stall()
+        return (self._engine.watchdog.stall() or self._tokenizer_lane.watchdog.stall()
+                or self._bulk_lane.watchdog.stall())
 
     # ---- generation ----------------------------------------------------------------------------
 
@@ -214,23 +225,16 @@ class EngineClient:
         loop nor the engine thread waits on it. Raises `EngineUnavailableError` when the model is not ready
         or the thread is closed (the engine is stopping)."""
         self._model()
-        loop = asyncio.get_running_loop()
-        watchdog = self._tokenizer_watchdog
-        request_ids = [request_id] if (request_id := current_request_id()) else []
-        what = getattr(function, "__name__", "job")
+        return await self._tokenizer_lane.run(function, *args, **kwargs)
 
-        def job() -> T:
-            watchdog.begin(what, lambda: request_ids)
-            try:
-                return function(*args, **kwargs)
-            finally:
-                watchdog.end()
-
-        try:
-            pending = loop.run_in_executor(self._tokenizer_pool, job)
-        except RuntimeError:  # the pool is shut down: the engine is stopping
-            raise EngineUnavailableError("The inference engine is not running") from None
-        return await pending
+    async def in_bulk_thread(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`in_tokenizer_thread` for a large request's work (a megabyte prompt: seconds of tokenizing): its own
+        thread, so the tokenizer thread stays free for the others; large requests queue behind each other only.
+        It runs at a lower CPU priority (`BULK_NICENESS`), so on a machine with few cores it takes the time the
+        engine's compute threads leave rather than slowing every other request's decode.
+        (llama.cpp's tokenizer is safe to call from two threads at once, as llama-server's HTTP threads do.)"""
+        self._model()
+        return await self._bulk_lane.run(function, *args, **kwargs)
 
     def _model(self) -> LoadedModel:
         engine = self._engine
@@ -257,3 +261,45 @@ class EngineClient:
         from edge_llm.engine.llama.schema_grammar import json_schema_to_grammar
 
         return json_schema_to_grammar(schema)
+
+
+class _Lane:
+    """One worker thread for blocking model work, in submission order, watched by its own watchdog."""
+
+    def __init__(self, name: str, watchdog_limit: float | None, *, nice: int = 0) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"edge-llm-{name.replace(' ', '-')}",
+                                        initializer=_lower_priority, initargs=(nice,))
+        self.watchdog = Watchdog(name, watchdog_limit)
+
+    async def run(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        watchdog = self.watchdog
+        request_ids = [request_id] if (request_id := current_request_id()) else []
+        what = getattr(function, "__name__", "job")
+
+        def job() -> T:
+            watchdog.begin(what, lambda: request_ids)
+            try:
+                return function(*args, **kwargs)
+            finally:
+                watchdog.end()
+
+        try:
+            pending = asyncio.get_running_loop().run_in_executor(self._pool, job)
+        except RuntimeError:  # the pool is shut down: the engine is stopping
+            raise EngineUnavailableError("The inference engine is not running") from None
+        return await pending
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self.watchdog.close()
+
+
+def _lower_priority(nice: int) -> None:
+    """Raises the calling thread's niceness by `nice` (Linux: a thread id names one thread); elsewhere a no-op."""
+    if nice <= 0 or not sys.platform.startswith("linux"):
+        return
+    try:
+        thread = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, thread, os.getpriority(os.PRIO_PROCESS, thread) + nice)
+    except OSError as exc:  # not allowed here (a sandbox): the lane works, at the usual priority
+        logger.warning("could not lower the bulk tokenizer thread's priority: %s", exc)

@@ -109,6 +109,8 @@ class ModelInfo:
     embedding_max_tokens: int = 0  # the longest input an embedding is computed for
     # the control tokens by their text: what special-token parsing reads in a text (never in a request's values)
     control_tokens: dict[str, int] = field(default_factory=dict)
+    # the most bytes of text one token stands for: a text of B bytes is at least B / this many tokens (0: unknown)
+    max_token_bytes: int = 0
 
 
 @dataclass(frozen=True)

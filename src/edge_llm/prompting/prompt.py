@@ -10,7 +10,7 @@ request value stays text.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from edge_llm.prompting.chat_template import ChatTemplate, Segment, TemplateError
@@ -36,13 +36,16 @@ class PromptBuilder:
         return self._pattern is not None and self._pattern.search(text) is not None
 
     def build(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
-              continue_final: bool = False) -> list[int]:
+              continue_final: bool = False, before_tokenizing: Callable[[int], None] | None = None) -> list[int]:
         """`continue_final`: the last message (an assistant's, with text) is left open, so the answer goes on from
-        its text (Anthropic's prefill) instead of starting a new turn."""
+        its text (Anthropic's prefill) instead of starting a new turn. `before_tokenizing` gets the rendered
+        prompt's size in UTF-8 bytes, and may refuse it (raise) before the tokenizer spends time on it."""
         segments = self.template.render(messages, tools=tools, add_generation_prompt=not continue_final,
                                         protect=self.spells_control)
         if continue_final:
             segments = _open_final(segments)
+        if before_tokenizing is not None:
+            before_tokenizing(sum(len(segment.text.encode("utf-8", errors="replace")) for segment in segments))
         tokens = self._tokens(segments)
         if self._bos is not None and (not tokens or tokens[0] != self._bos):
             tokens.insert(0, self._bos)

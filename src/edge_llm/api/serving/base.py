@@ -53,6 +53,11 @@ BodyModel = TypeVar("BodyModel", bound=BaseModel)
 # How long this request waited for its model to load (api/model_routing.py sets it): `timings.load_ms`.
 load_wait_ms: ContextVar[float] = ContextVar("edge_llm_load_wait_ms", default=0.0)
 
+# A request whose body is larger than this has its tokenizer-thread work (prompt, template, grammar: seconds for a
+# megabyte) done in the engine's bulk thread, so that ordinary requests never queue behind it (docs/reliability.md).
+BULK_BODY_BYTES = 64 * 1024
+_body_bytes: ContextVar[int] = ContextVar("edge_llm_body_bytes", default=0)
+
 
 
 @dataclass
@@ -120,7 +125,9 @@ class Serving:
     # ---- the body --------------------------------------------------------------------------------
 
     async def json_body(self, request: Request) -> dict[str, Any]:
-        return json_object(await request.body())
+        raw = await request.body()
+        _body_bytes.set(len(raw))  # this request's task only: `off_loop` picks its thread by it
+        return json_object(raw)
 
     def parse(self, model: type[BodyModel], body: dict[str, Any]) -> BodyModel:
         """`body` validated as `model`; keys its models do not know, at any depth, are ignored and reported
@@ -138,9 +145,11 @@ class Serving:
     # ---- the vocabulary --------------------------------------------------------------------------
 
     async def off_loop(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Runs in the tokenizer thread: vocabulary, template and grammar work never blocks the event loop."""
+        """Runs in the tokenizer thread (a large request's work: in the bulk thread): vocabulary, template and
+        grammar work never blocks the event loop."""
+        run_in = self.engine.in_bulk_thread if _body_bytes.get() > BULK_BODY_BYTES else self.engine.in_tokenizer_thread
         try:
-            return await self.engine.in_tokenizer_thread(function, *args, **kwargs)
+            return await run_in(function, *args, **kwargs)
         except EngineUnavailableError as exc:
             raise engine_unavailable(exc) from None
         except TemplateError as exc:
@@ -220,6 +229,24 @@ class Serving:
         train = info.n_ctx_train if info is not None and info.n_ctx_train > 0 else None
         context = self.settings.sequence_context
         return min(context, train) if train else context
+
+    def check_prompt_bytes(self, size: int) -> None:
+        """Refuses a prompt of `size` bytes (UTF-8) that cannot fit, before it is tokenized (a megabyte takes
+        seconds): no token stands for more bytes than the vocabulary's longest, so it has at least size / that."""
+        info = self.engine.model_info
+        if info is None or info.max_token_bytes <= 0:
+            return
+        at_least = -(-size // info.max_token_bytes)
+        counted = f"at least {at_least} tokens ({size} bytes; no token of this model is longer than " \
+                  f"{info.max_token_bytes} bytes)"
+        cap = self.settings.max_prompt_tokens
+        if cap is not None and at_least > cap:
+            raise invalid_request(f"The prompt has {counted}; this server accepts at most {cap} prompt tokens",
+                                  param="messages", code="context_length_exceeded")
+        if at_least >= self.context_limit:
+            raise invalid_request(f"This model's maximum context length is {self.context_limit} tokens; the prompt "
+                                  f"has {counted} and leaves no room to generate", param="messages",
+                                  code="context_length_exceeded")
 
     def fit(self, prompt: list[int], max_tokens: int | None) -> int:
         """The max_tokens a prompt gets: refused when it leaves no room, capped to what fits (all that fits

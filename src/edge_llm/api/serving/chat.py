@@ -101,7 +101,8 @@ class ChatServing(Serving):
             template = ChatTemplate(info.chat_template, bos_token=info.bos_text, eos_token=info.eos_text)
             self._prompt_builder = PromptBuilder(template, self.engine, bos_token=info.bos_token,
                                                 control_tokens=info.control_tokens)
-        return self._prompt_builder.build(messages, tools=tools, continue_final=continue_final)
+        return self._prompt_builder.build(messages, tools=tools, continue_final=continue_final,
+                                          before_tokenizing=self.check_prompt_bytes)
 
     # ---- the grammar ------------------------------------------------------------------------------
 

@@ -53,6 +53,7 @@ class CompletionServing(Serving):
 
     def _tokenize_raw(self, text: str) -> list[int]:
         """The prompt as the model's text, control tokens included (runs in the tokenizer thread)."""
+        self.check_prompt_bytes(len(text.encode("utf-8", errors="replace")))
         return self.engine.tokenize(text, add_special=True, parse_special=True)
 
     def _completion_body(self, generation: Generation, results: list[ChoiceResult], echo: list[str]

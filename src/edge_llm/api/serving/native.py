@@ -39,6 +39,8 @@ class NativeServing(InfillServing):
         """llama-server's tokenize_mixed: pieces of text (control-token spellings read as the tokens, the caller's
         intent on this raw route) and token ids, in order; the model's BOS before the first piece of text."""
         pieces = [prompt] if isinstance(prompt, str) else prompt
+        self.check_prompt_bytes(sum(len(piece.encode("utf-8", errors="replace")) for piece in pieces
+                                    if isinstance(piece, str)))
         tokens: list[int] = []
         for index, piece in enumerate(pieces):
             if isinstance(piece, str):
