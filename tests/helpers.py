@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -54,6 +53,14 @@ def total(samples: Samples, name: str) -> float:
     return sum(value for (sample, _), value in samples.items() if sample == name)
 
 
+def parse_sse(raw: str | bytes) -> list[tuple[str, str]]:
+    """The (event name, data) pairs of a whole SSE body, parsed by httpx-sse: a parser independent of the server's
+    framer, so that a mistake shared by an encoder and its own decoder cannot pass (comments are skipped)."""
+    content = raw.encode("utf-8") if isinstance(raw, str) else raw
+    response = httpx.Response(200, headers={"content-type": "text/event-stream"}, content=content)
+    return [(event.event, event.data) for event in EventSource(response).iter_sse()]
+
+
 def sse_events(response: httpx.Response) -> Iterator[tuple[str, str]]:
     """The (event name, data) pairs of a streaming response, each as soon as it has arrived (read by httpx-sse,
     as the chat CLI and the load generator read them; comments such as `: keep-alive` are skipped)."""
@@ -88,21 +95,3 @@ def agreeing_tokens(first: list[dict[str, Any]], second: list[dict[str, Any]], t
         return index
     return min(len(first), len(second))
 
-
-def decode_events(stream: str) -> list[tuple[str, str]]:
-    """A whole SSE stream as an EventSource client reads it: (event name, data) pairs (api/sse.py encodes)."""
-    events: list[tuple[str, str]] = []
-    for block in re.split(r"(?:\r\n|\r(?!\n)|\n){2}", stream):
-        if not block:
-            continue
-        name, data = "message", []
-        for line in re.split(r"\r\n|\r|\n", block):
-            field, _, value = line.partition(":")
-            value = value[1:] if value.startswith(" ") else value
-            if field == "event":
-                name = value
-            elif field == "data":
-                data.append(value)
-        if data:
-            events.append((name, "\n".join(data)))
-    return events

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from edge_llm.testing.server import MODEL_ID, RunningServer, run_server
-from tests.helpers import chat_body, decode_events, metric, scrape, wait_for
+from tests.helpers import chat_body, metric, parse_sse, scrape, wait_for
 
 CHAT = "/v1/chat/completions"
 INTERVAL = 0.2
@@ -71,7 +71,7 @@ def test_a_queued_stream_gets_keep_alive_comments_before_its_first_event(keepali
                 raw += b"".join(chunks)
     before_first_event = raw[:raw.index(b"data:")]
     assert before_first_event and set(before_first_event.split(KEEPALIVE)) == {b""}, raw[:300]
-    events = decode_events(raw.decode("utf-8"))
+    events = parse_sse(raw.decode("utf-8"))
     assert events[-1][0] == "done" and json.loads(events[-1][1])["finish_reason"] in ("stop", "length")
     assert [name for name, _ in events[:-1]] == ["message"] * (len(events) - 1)  # text pieces; comments skipped
 

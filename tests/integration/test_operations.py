@@ -20,7 +20,7 @@ import pytest
 
 from edge_llm.testing.server import MODEL_ID, RunningServer, environment, free_port, run_server, serve_command
 from tests.fault_server import REPO, fault_server_command
-from tests.helpers import chat_body, decode_events, metric, port_of, scrape, wait_for
+from tests.helpers import chat_body, metric, parse_sse, port_of, scrape, sse_events, wait_for
 
 CHAT = "/v1/chat/completions"
 FLAG_KEY = "sk-test-flag-key"
@@ -70,12 +70,11 @@ class Stream:
         try:
             with httpx.stream("POST", server.url + CHAT, json=body, headers=headers, timeout=TIMEOUT) as response:
                 self.status = response.status_code
-                buffer = ""
-                for text in response.iter_text():
-                    buffer += text
-                    *complete, buffer = buffer.split("\n\n")
-                    self.events.extend(decode_events("\n\n".join(complete) + "\n\n") if complete else [])
-                    if any(name == "message" for name, _ in self.events):
+                if not response.headers.get("content-type", "").startswith("text/event-stream"):
+                    return  # an error answer: no events
+                for name, data in sse_events(response):
+                    self.events.append((name, data))
+                    if name == "message":
                         self.started.set()
         finally:
             self.started.set()
@@ -475,7 +474,7 @@ def test_request_timeout_ends_with_the_partial_output(mortal: tuple[RunningServe
 def stream_simple(server: RunningServer, body: dict[str, Any]) -> tuple[httpx.Response, list[tuple[str, str]]]:
     with httpx.stream("POST", server.url + CHAT, json=body, timeout=TIMEOUT) as response:
         raw = response.read().decode()
-    return response, decode_events(raw)
+    return response, parse_sse(raw)
 
 
 def test_engine_death_fails_streams_turns_unready_and_exits_nonzero(mortal: tuple[RunningServer, list]) -> None:

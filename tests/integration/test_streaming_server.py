@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from edge_llm.testing.server import RunningServer
-from tests.helpers import decode_events, metric, scrape, sse_events, wait_for
+from tests.helpers import metric, parse_sse, scrape, sse_events, wait_for
 
 CHAT = "/v1/chat/completions"
 
@@ -19,7 +19,7 @@ CHAT = "/v1/chat/completions"
 def simple_stream(server: RunningServer, body: dict[str, Any]) -> tuple[httpx.Response, list[tuple[str, str]]]:
     with httpx.stream("POST", server.url + CHAT, json=body, timeout=120) as response:
         raw = response.read().decode()
-    return response, decode_events(raw)
+    return response, parse_sse(raw)
 
 
 def chat(server: RunningServer, content: str, **fields: Any) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import pytest
 
 from edge_llm.testing.server import RunningServer, run_server
 from tests.fault_server import run_fault_server
-from tests.helpers import decode_events
+from tests.helpers import parse_sse
 from tests.reliability.support import (
     CHAT,
     COMPLETIONS,
@@ -80,11 +80,11 @@ class Request:
         return self
 
     def events(self) -> list[tuple[str, str]]:
-        return decode_events(self.text)
+        return parse_sse(self.text)
 
 
 def openai_chunks(text: str) -> list[Any]:
-    return [data if data == "[DONE]" else json.loads(data) for name, data in decode_events(text) if name == "message"]
+    return [data if data == "[DONE]" else json.loads(data) for name, data in parse_sse(text) if name == "message"]
 
 
 # ---- the engine thread dies with requests of every kind in flight ---------------------------------------------------

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from edge_llm.testing.server import RunningServer, run_server
-from tests.helpers import decode_events
+from tests.helpers import parse_sse
 from tests.reliability.support import (
     CHAT,
     COMPLETIONS,
@@ -128,7 +128,7 @@ def check_json(kind: str, body: dict[str, Any], response: httpx.Response, outcom
 
 
 def check_openai_stream(body: dict[str, Any], raw: str, outcome: Outcome) -> None:
-    payloads = [data for name, data in decode_events(raw) if name == "message"]
+    payloads = [data for name, data in parse_sse(raw) if name == "message"]
     if not payloads or payloads[-1] != "[DONE]":
         outcome.problems.append(f"the stream does not end with [DONE]: {raw[-200:]!r}")
         return
@@ -156,7 +156,7 @@ def check_openai_stream(body: dict[str, Any], raw: str, outcome: Outcome) -> Non
 
 
 def check_simple_stream(body: dict[str, Any], raw: str, outcome: Outcome) -> None:
-    events = decode_events(raw)
+    events = parse_sse(raw)
     if not events or events[-1][0] != "done":
         outcome.problems.append(f"the stream does not end with a done event: {raw[-200:]!r}")
         return

@@ -30,7 +30,7 @@ from edge_llm.prompting.chat_template import ChatTemplate
 from edge_llm.prompting.prompt import PromptBuilder
 from edge_llm.prompting.tools import ParsedToolCall
 from tests.unit.test_chat_template import SPECIALS, FakeTokenizer, plain
-from tests.helpers import decode_events
+from tests.helpers import parse_sse
 
 WEATHER = {"name": "get_weather", "description": "Weather in a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -199,20 +199,20 @@ def test_streamed_blocks_are_anthropic_events_with_consecutive_indexes() -> None
     call = ParsedToolCall("call_abc", "get_weather", '{"city": "Paris"}')
     raw = b"".join([*blocks.add("Let me ", []), *blocks.add("look.", [call]), *blocks.add("Done.", []),
                     *blocks.close(final=True)])
-    events = [EVENTS.validate_python(json.loads(data)) for _, data in decode_events(raw.decode())]
+    events = [EVENTS.validate_python(json.loads(data)) for _, data in parse_sse(raw.decode())]
     assert [(e.type, getattr(e, "index", None)) for e in events] == [
         ("content_block_start", 0), ("content_block_delta", 0), ("content_block_delta", 0), ("content_block_stop", 0),
         ("content_block_start", 1), ("content_block_delta", 1), ("content_block_stop", 1),
         ("content_block_start", 2), ("content_block_delta", 2), ("content_block_stop", 2),
     ]
     assert json.loads(events[5].delta.partial_json) == {"city": "Paris"}
-    assert [name for name, _ in decode_events(raw.decode())][:2] == ["content_block_start", "content_block_delta"]
+    assert [name for name, _ in parse_sse(raw.decode())][:2] == ["content_block_start", "content_block_delta"]
 
 
 def test_an_answer_without_blocks_still_gets_an_empty_text_block() -> None:
     blocks = _Blocks()
     raw = b"".join(blocks.close(final=True)).decode()
-    assert [json.loads(data)["type"] for _, data in decode_events(raw)] == ["content_block_start",
+    assert [json.loads(data)["type"] for _, data in parse_sse(raw)] == ["content_block_start",
                                                                            "content_block_stop"]
 
 

@@ -16,7 +16,7 @@ from edge_llm.engine.speculative.step_cost import CPU_STEP_COST, StepCost
 from edge_llm.engine.thread.text import OutputText, StopMatcher, Utf8Assembler
 
 from .scheduler_model import Driver
-from tests.helpers import decode_events
+from tests.helpers import parse_sse
 
 FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -148,20 +148,20 @@ def test_sse_round_trip_for_text_without_cr(text: str, event: str | None) -> Non
     encoded = encode_event(text, event=event)
     assert encoded.endswith(b"\n\n")
     assert b"\n\n" not in encoded[:-2]
-    assert decode_events(encoded.decode("utf-8")) == [(event or "message", text)]
+    assert parse_sse(encoded.decode("utf-8")) == [(event or "message", text)]
 
 
 @FAST
 @given(st.lists(st.tuples(st.text().filter(lambda t: "\r" not in t), event_names), max_size=6))
 def test_sse_stream_of_events_round_trips(events) -> None:
     stream = b"".join(encode_event(text, event=name) for text, name in events).decode("utf-8")
-    assert decode_events(stream) == [(name or "message", text) for text, name in events]
+    assert parse_sse(stream) == [(name or "message", text) for text, name in events]
 
 
 @FAST
 @given(st.text(alphabet="ab\r\n é", max_size=30))
 def test_sse_carriage_returns_come_back_as_newlines(text: str) -> None:
-    assert decode_events(encode_event(text).decode()) == [("message", re.sub(r"\r\n|\r", "\n", text))]
+    assert parse_sse(encode_event(text).decode()) == [("message", re.sub(r"\r\n|\r", "\n", text))]
 
 
 # ---- scheduler ----------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from edge_llm.api.serving.responses import answer_events, encode, refuse_unsuppo
 from edge_llm.api.serving.responses_events import ResponseBuilder
 from edge_llm.engine.types import Usage
 from edge_llm.prompting.tools import ParsedToolCall, ToolCallParser
-from tests.helpers import decode_events
+from tests.helpers import parse_sse
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -221,5 +221,5 @@ def test_an_empty_answer_still_has_one_message_item() -> None:
 
 def test_each_event_is_an_sse_event_named_by_its_type() -> None:
     event = builder().start()[0]
-    ((name, data),) = decode_events(encode(event).decode())
+    ((name, data),) = parse_sse(encode(event).decode())
     assert name == "response.created" == json.loads(data)["type"]
