@@ -68,13 +68,26 @@ def test_control_token_spellings_in_the_code_are_text_and_never_come_back(server
     assert "<|endoftext|>" not in result["content"] and "<|fim_pad|>" not in result["content"]
 
 
-def test_n_indent_ends_the_completion_where_the_code_leaves_the_block(server: RunningServer) -> None:
-    prefix = "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n        "
-    result = infill(server, input_prefix=prefix, input_suffix="\n", n_predict=96, n_indent=8).json()
-    lines = result["content"].split("\n")
-    assert all(not line.strip() or len(line) - len(line.lstrip(" \t")) >= 8 for line in lines[1:]), lines
-    if result["stop_type"] == "limit" and result["tokens_predicted"] < 96:
-        assert lines[-1].strip() == ""  # cut at a dedent: the line's indentation stays, its text does not
+def _indentation(line: str) -> int:
+    return len(line) - len(line.lstrip(" \t"))
+
+
+def test_n_indent_ends_the_completion_where_the_code_leaves_the_block(repeatable_server: RunningServer) -> None:
+    """Without n_indent the model writes past the method (more methods, usage code); with n_indent=8 the same
+    greedy answer ends at the first line after the first whose text starts left of column 8 (a blank line counts,
+    as in llama-server), keeping only that line's indentation."""
+    prefix = ("class Stack:\n    def __init__(self):\n        self.items = []\n\n    def is_empty(self):\n"
+              "        return not self.items\n\n    def pop(self):\n        ")
+    body = {"input_prefix": prefix, "input_suffix": "\n", "n_predict": 96}
+    unlimited = infill(repeatable_server, **body).json()
+    lines = unlimited["content"].split("\n")
+    leaving = next(i for i, line in enumerate(lines) if i > 0 and (not line.strip() or _indentation(line) < 8))
+    assert leaving >= 2 and any(line.strip() and _indentation(line) < 8 for line in lines[leaving:]), lines
+    cut = infill(repeatable_server, **body, n_indent=8).json()
+    expected = "\n".join(lines[:leaving] + [lines[leaving][:_indentation(lines[leaving])]])
+    assert cut["content"] == expected, (cut["content"], unlimited["content"])
+    assert cut["stop"] is True and cut["stop_type"] == "limit"
+    assert cut["tokens_predicted"] < unlimited["tokens_predicted"]
 
 
 def test_a_stale_completion_is_cancelled_and_the_next_keystroke_reuses_the_file(server: RunningServer) -> None:

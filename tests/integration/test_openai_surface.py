@@ -113,17 +113,24 @@ def test_logit_bias_bans_a_token(client: openai.OpenAI, server: RunningServer, m
     assert banned.choices[0].logprobs.content[0].token != first_token
 
 
-def test_penalties_top_k_and_min_p_are_accepted_and_change_nothing_at_greedy(
+def test_top_k_and_min_p_change_nothing_at_greedy_and_each_penalty_cuts_repetition(
     repeatable_client: openai.OpenAI, model_id: str
 ) -> None:
+    """Penalties apply at temperature 0 too (they reshape the logits before the pick): on a counting answer, whose
+    ", " repeats, each of them on its own makes the answer repeat less; neutral values change nothing."""
     client = repeatable_client
-    ask = dict(model=model_id, messages=COUNT, max_tokens=12, temperature=0)
-    plain = client.chat.completions.create(**ask).choices[0].message.content
-    shaped = client.chat.completions.create(extra_body={"top_k": 40, "min_p": 0.05}, **ask).choices[0].message.content
-    penalised = client.chat.completions.create(frequency_penalty=2.0, presence_penalty=2.0,
-                                               extra_body={"repeat_penalty": 1.5}, **ask)
-    assert shaped == plain
-    assert penalised.choices[0].message.content  # a penalised answer still comes back
+    ask = dict(model=model_id, messages=COUNT, max_tokens=40, temperature=0)
+
+    def answer(**fields: Any) -> str:
+        return client.chat.completions.create(**ask, **fields).choices[0].message.content or ""
+
+    plain = answer()
+    assert plain.count(",") >= 8, plain  # the repetition the penalties act on
+    assert answer(extra_body={"top_k": 40, "min_p": 0.05}) == plain
+    assert answer(frequency_penalty=0.0, presence_penalty=0.0, extra_body={"repeat_penalty": 1.0}) == plain
+    for fields in ({"frequency_penalty": 2.0}, {"presence_penalty": 2.0}, {"extra_body": {"repeat_penalty": 1.5}}):
+        penalised = answer(**fields)
+        assert penalised.count(",") < plain.count(","), (fields, plain, penalised)
 
 
 def test_chat_logprobs_have_openai_shape(client: openai.OpenAI, model_id: str) -> None:
@@ -254,15 +261,23 @@ def test_named_tool_choice_is_enforced_and_streams(client: openai.OpenAI, model_
 
 
 def test_auto_tool_choice_parses_model_tool_calls(client: openai.OpenAI, model_id: str) -> None:
-    result = client.chat.completions.create(
-        model=model_id, messages=[{"role": "user", "content": "Use the tool to get the weather in Tokyo."}],
-        tools=[WEATHER], temperature=0, max_tokens=60)
+    """No grammar forces a call here (tool_choice is auto): the model writes its call as text, which the server
+    parses into tool_calls. The model answers this prompt with a call (greedy, every time measured)."""
+    ask: dict[str, Any] = dict(model=model_id, tools=[WEATHER], temperature=0, max_tokens=60,
+                               messages=[{"role": "user", "content": "Use the tool to get the weather in Tokyo."}])
+    result = client.chat.completions.create(**ask)
     choice = result.choices[0]
-    if choice.finish_reason == "tool_calls":
-        assert choice.message.tool_calls[0].function.name == "get_weather"
-        assert "<tool_call>" not in (choice.message.content or "")
-    else:
-        assert "<tool_call>" not in choice.message.content
+    assert choice.finish_reason == "tool_calls", choice
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.id and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Tokyo"}
+    assert not choice.message.content  # the call's text is not also sent as content
+    chunks = list(client.chat.completions.create(stream=True, **ask))
+    streamed = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert [tc.function.name for tc in streamed if tc.function.name] == ["get_weather"]
+    assert json.loads("".join(tc.function.arguments or "" for tc in streamed)) == {"city": "Tokyo"}
+    assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
 
 
 # ---- models, tokenizer, strictness ---------------------------------------------------------------------

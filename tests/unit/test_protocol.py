@@ -138,9 +138,17 @@ def test_a_missing_key_is_named() -> None:
     assert from_pydantic(info.value, body).param == "tools.0.function.name"
 
 
-def test_ignored_openai_fields_are_accepted() -> None:
-    request = chat(user="u1", metadata={"k": "v"}, store=False, service_tier="auto", model="anything")
-    assert request.user == "u1"
+def test_ignored_openai_fields_are_accepted_unreported_and_change_nothing() -> None:
+    fields = {"user": "u1", "metadata": {"k": "v"}, "store": True, "service_tier": "flex"}
+    request = chat(max_tokens=5, stop="###", **fields)
+    plain = chat(max_tokens=5, stop="###")
+    # Known to the protocol (README: "ignored", not "ignored (reported)"): no X-Edge-LLM-Ignored-Fields entry and
+    # no 400 under --strict-params, which both come from take_unknown.
+    assert take_unknown(request) == []
+    # Nothing the engine receives differs from the same request without them.
+    assert request.sampling_params(DEFAULTS) == plain.sampling_params(DEFAULTS)
+    assert request.requested_max_tokens(DEFAULTS) == plain.requested_max_tokens(DEFAULTS)
+    assert request.stop_strings() == plain.stop_strings() and request.messages == plain.messages
 
 
 def test_stop_accepts_a_string_or_as_many_as_clients_send_up_to_the_limit() -> None:
