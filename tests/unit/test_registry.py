@@ -379,9 +379,15 @@ def test_a_serving_engines_death_is_fatal_a_failed_load_on_demand_is_not() -> No
     factory.failing.add("b")
     reg = registry(factory, spec("a"), spec("b"))
     deaths: list[BaseException] = []
-    reg.on_fatal = deaths.append
 
     async def test() -> None:
+        died = asyncio.Event()
+
+        def fatal(error: BaseException) -> None:  # called on the event loop (call_soon_threadsafe)
+            deaths.append(error)
+            died.set()
+
+        reg.on_fatal = fatal
         reg.start()
         with pytest.raises(ModelUnavailableError):
             await reg.acquire("b")
@@ -392,8 +398,7 @@ def test_a_serving_engines_death_is_fatal_a_failed_load_on_demand_is_not() -> No
         serving = next(c for c in factory.made if c.name == "a")
         assert serving.exit_handler is not None
         serving.exit_handler(RuntimeError("llama_decode failed"))
-        while not deaths:
-            await asyncio.sleep(0)  # the report reaches the event loop on its next turn
+        await asyncio.wait_for(died.wait(), 60)  # the report reaches the event loop on its next turn
         assert [str(d) for d in deaths] == ["llama_decode failed"]
 
     run(test)
