@@ -14,8 +14,8 @@ from pydantic import ValidationError
 
 from edge_llm.config import Settings
 from edge_llm.engine.types import EngineStats
-from edge_llm.registry.budget import Resident, make_room
-from edge_llm.registry.keep_alive import parse_keep_alive
+from edge_llm.registry.budget import Resident, Room, make_room
+from edge_llm.registry.keep_alive import describe_keep_alive, parse_keep_alive
 from edge_llm.registry.registry import (
     ModelRegistry,
     ModelState,
@@ -297,6 +297,17 @@ def test_make_room_evicts_least_recently_used_idle_models_only_as_needed() -> No
     assert make_room(1, residents, budget=None, max_loaded=3).victims == ("old",)
 
 
+def test_make_room_that_cannot_fit_says_so_and_names_every_holder() -> None:
+    residents = [Resident("a", 600, True, 1.0), Resident("busy", 300, False, 0.5)]
+    assert make_room(800, residents, budget=1000, max_loaded=None) == Room(False, holders=("a", "busy"))
+
+
+def test_make_room_under_a_count_limit_unloads_until_one_more_is_allowed() -> None:
+    residents = [Resident(name, 10, True, float(i)) for i, name in enumerate(("first", "second", "third"))]
+    assert make_room(10, residents, budget=None, max_loaded=2) == Room(True, victims=("first", "second"))
+    assert make_room(10, residents, budget=None, max_loaded=4) == Room(True)
+
+
 @pytest.mark.parametrize(("value", "seconds"), [
     ("5m", 300.0), ("1h30m", 5400.0), ("90s", 90.0), ("500ms", 0.5), (10, 10.0), ("10", 10.0), (0, 0.0),
     ("0", 0.0), (-1, None), ("-1", None), ("-1m", None), (2.5, 2.5),
@@ -309,6 +320,30 @@ def test_keep_alive_values(value: Any, seconds: float | None) -> None:
 def test_bad_keep_alive_values(value: Any) -> None:
     with pytest.raises(ValueError):
         parse_keep_alive(value)
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    (True, 'keep_alive must be a duration ("5m"), a number of seconds, 0 or -1'),
+    ([], 'keep_alive must be a duration ("5m"), a number of seconds, 0 or -1'),
+    (float("inf"), "keep_alive must be finite"), (float("-inf"), "keep_alive must be finite"),
+    ("X5m", "keep_alive 'X5m' is not a duration: use e.g. \"5m\", \"90s\", \"1h30m\", 0 or -1"),
+    ("1s" * 40, 'keep_alive is not a duration (80 characters): use e.g. "5m", "90s", "1h30m", 0 or -1'),
+])
+def test_a_bad_keep_alive_is_refused_with_what_to_write(value: Any, message: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        parse_keep_alive(value)
+    assert str(refused.value) == message
+
+
+def test_keep_alive_described_as_the_model_list_and_the_banner_show_it() -> None:
+    assert [describe_keep_alive(value) for value in (None, 0.0, 300.0, 2.5)] == [
+        "never unloaded", "unloaded after each request", "unloaded after 300 s idle", "unloaded after 2.5 s idle"]
+
+
+def test_keep_alive_durations_of_up_to_64_characters_are_read() -> None:
+    assert parse_keep_alive("1s" * 32) == 32.0
+    with pytest.raises(ValueError, match="65 characters"):
+        parse_keep_alive("1s" * 32 + "1")
 
 
 @pytest.mark.parametrize("value", ["1" * (1 << 20) + "x", "1s" * (1 << 19) + "x", "-" + "9" * 60 + "mx"])
