@@ -144,6 +144,11 @@ class HttpArea(BaseModel):
     host: str = Field("127.0.0.1", description="Address to bind.")
     port: int = Field(3000, ge=0, le=65535, description="Port to bind.")
     max_body_bytes: int = Field(1_048_576, ge=1024, description="Largest request body accepted (bigger gets 413).")
+    responses_store_entries: int = Field(
+        1000, ge=0, description="Responses kept (in memory, least recently used dropped first) for "
+        "previous_response_id and GET /v1/responses/{id}; 0 keeps none.")
+    responses_store_bytes: int = Field(
+        64 * 1024 * 1024, ge=0, description="The most bytes (their JSON) the kept responses may hold together.")
 
 
 class SamplingArea(BaseModel):

@@ -8,7 +8,6 @@ import httpx
 import jsonschema
 import agents
 import openai
-import pytest
 
 from edge_llm.testing.server import RunningServer
 
@@ -90,12 +89,6 @@ def test_auto_tool_choice_streams_the_model_s_call(client: openai.OpenAI, model_
     done = next(event for event in events if event.type == "response.function_call_arguments.done")
     assert json.loads(done.arguments)["city"]
     assert events[-1].response.output[-1].type == "function_call"
-
-
-def test_previous_response_id_is_a_clear_400(client: openai.OpenAI, model_id: str) -> None:
-    with pytest.raises(openai.BadRequestError) as caught:
-        client.responses.create(model=model_id, input="Hi", previous_response_id="resp_123")
-    assert "stateless" in caught.value.message and caught.value.body["param"] == "previous_response_id"
 
 
 def test_openai_agents_sdk_runs_an_agent_against_the_server(server: RunningServer, model_id: str) -> None:

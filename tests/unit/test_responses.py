@@ -30,7 +30,7 @@ def request(**fields: Any) -> ResponsesRequest:
 
 
 def builder(**fields: Any) -> ResponseBuilder:
-    return ResponseBuilder("m", request(input="hi", **fields).echo())
+    return ResponseBuilder("m", request(input="hi", **fields).echo(stored=True))
 
 
 # ---- input → chat -------------------------------------------------------------------------------
@@ -91,17 +91,30 @@ def test_a_json_schema_format_needs_a_schema() -> None:
 
 
 @pytest.mark.parametrize("fields, param", [
-    ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"conversation": "conv_1"}, "conversation"),
+    ({"background": True}, "background"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "other"}}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),
 ])
-def test_what_a_stateless_server_cannot_do_is_a_400_that_says_why(fields: dict[str, Any], param: str) -> None:
+def test_what_this_server_cannot_do_is_a_400_that_says_why(fields: dict[str, Any], param: str) -> None:
     with pytest.raises(APIError) as caught:
         refuse_unsupported(request(input="x", **fields))
     assert (caught.value.status, caught.value.param) == (400, param)
-    if param == "previous_response_id":
-        assert "stores no responses" in caught.value.message
+    if param == "conversation":
+        assert "previous_response_id" in caught.value.message
+
+
+def test_a_continued_request_reads_the_stored_items_first() -> None:
+    stored = [{"id": "msg_1", "type": "message", "role": "user", "status": "completed",
+               "content": [{"type": "input_text", "text": "What is the weather in Paris?"}]},
+              {"id": "fc_1", "type": "function_call", "status": "completed", "call_id": "call_1",
+               "name": "get_weather", "arguments": '{"city": "Paris"}'}]
+    body = request(input=[{"type": "function_call_output", "call_id": "call_1", "output": "18 C"}],
+                   previous_response_id="resp_1", instructions="Be brief.").continued(stored)
+    messages = ChatCompletionRequest.model_validate(body.to_chat()).messages
+    assert [message.role for message in messages] == ["system", "user", "assistant", "tool"]
+    assert messages[2].tool_calls[0].function.name == "get_weather" and messages[3].tool_call_id == "call_1"
+    assert body.echo(stored=False)["previous_response_id"] == "resp_1"
 
 
 def test_other_tools_and_items_are_set_aside_and_named_and_reasoning_is_left_out() -> None:

@@ -35,6 +35,7 @@ from edge_llm.api.protocol_ollama import (
     OllamaEmbedRequest,
     OllamaGenerateRequest,
 )
+from edge_llm.api.response_store import ResponseStore, ResponseStoreCollector
 from edge_llm.api.routes import router
 from edge_llm.api.routes_ollama import ollama_router
 from edge_llm.api.security import ApiKeyAuth, HostGuard, load_api_keys, warn_if_exposed
@@ -124,6 +125,8 @@ def create_app(
     app.state.ollama_models = OllamaModelServing(settings, registry)  # /api/tags, show, ps, delete, copy, version
     app.state.ollama_pull = PullServing(settings, registry, app.state.ollama_models.digests)  # /api/pull
     app.state.metrics = metrics
+    app.state.response_store = ResponseStore(settings.responses_store_entries, settings.responses_store_bytes)
+    metrics.registry.register(ResponseStoreCollector(app.state.response_store))
     app.state.records = records
     app.state.lifecycle = lifecycle
     app.include_router(router)

@@ -1,15 +1,16 @@
 """The Responses API body (`POST /v1/responses`) and its translation into the chat request it amounts to.
 
-Stateless: the whole conversation comes in `input` (messages, function calls and their outputs), which becomes
-chat messages for the model's template; tools, `tool_choice` and `text.format` become the chat request's tools,
-tool choice and response format, so the chat path's grammars and tool-call parser serve both.
+The conversation comes in `input` (messages, function calls and their outputs), after the items of the stored
+response `previous_response_id` names (api/response_store.py); it becomes chat messages for the model's template;
+tools, `tool_choice` and `text.format` become the chat request's tools, tool choice and response format, so the
+chat path's grammars and tool-call parser serve both.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, TypeAdapter, field_validator, model_validator
 
 from edge_llm.api.protocol_base import RequestModel
 
@@ -201,13 +202,13 @@ class ResponsesRequest(RequestModel):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     stream: bool = False
     parallel_tool_calls: bool | None = None
-    # Refused in serving with a message that says why: nothing is stored, so nothing can be continued.
-    previous_response_id: str | None = None
+    previous_response_id: str | None = Field(None, min_length=1)
+    store: bool | None = None  # None: kept, as OpenAI's default
+    # Refused in serving with a message that says why (no Conversations API, no stored prompts, no background).
     conversation: str | dict[str, Any] | None = None
     prompt: dict[str, Any] | None = None
     background: bool | None = None
-    # Accepted and ignored: they do not change the output (nothing is stored, there is no reasoning).
-    store: bool | None = None
+    # Accepted and ignored: they do not change the output (there is no reasoning).
     metadata: dict[str, str] | None = None
     user: str | None = None
     include: list[str] | None = None
@@ -241,6 +242,10 @@ class ResponsesRequest(RequestModel):
     @property
     def items(self) -> list[InputItem]:
         return [MessageItem(role="user", content=self.input)] if isinstance(self.input, str) else list(self.input)
+
+    def continued(self, context: list[dict[str, Any]]) -> ResponsesRequest:
+        """This request with the items of the turns it continues (a stored response's input and output) first."""
+        return self.model_copy(update={"input": [*_ITEMS.validate_python(context), *self.items]})
 
     @property
     def format(self) -> TextFormat:
@@ -282,8 +287,8 @@ class ResponsesRequest(RequestModel):
             body["tool_choice"] = self.tool_choice
         return body
 
-    def echo(self) -> dict[str, Any]:
-        """The request's settings as the Response object repeats them."""
+    def echo(self, *, stored: bool) -> dict[str, Any]:
+        """The request's settings as the Response object repeats them; `stored`: whether the response is kept."""
         tool_choice = self.tool_choice or "auto"
         return {
             "instructions": self.instructions,
@@ -295,10 +300,13 @@ class ResponsesRequest(RequestModel):
             "max_output_tokens": self.max_output_tokens,
             "parallel_tool_calls": True if self.parallel_tool_calls is None else self.parallel_tool_calls,
             "metadata": self.metadata or {},
-            "store": False,  # whatever was asked: nothing is kept
+            "store": stored,
+            "previous_response_id": self.previous_response_id,
             "user": self.user,
         }
 
+
+_ITEMS: TypeAdapter[list[InputItem]] = TypeAdapter(list[InputItem])
 
 __all__ = ["FunctionCallItem", "FunctionCallOutputItem", "MessageItem", "ReasoningItem", "ResponsesRequest",
            "ResponsesTool", "TextFormat", "set_aside_unread"]

@@ -30,6 +30,7 @@ from edge_llm.api.serving import (
     ResponsesServing,
     TokenizationServing,
 )
+from edge_llm.api.serving import stored_responses
 from edge_llm.api.serving.models import ModelServing
 from edge_llm.registry.registry import ModelRegistry
 
@@ -218,10 +219,32 @@ __all__ = ["router", "ChatCompletionRequest"]
     "/v1/responses",
     responses={**_ERRORS, 200: {"content": {"text/event-stream": {}}}},
     openapi_extra=_json_body("ResponsesRequest"),
-    summary="OpenAI Responses API, stateless: input items, function tools, text.format, the Responses event stream",
+    summary="OpenAI Responses API: input items, previous_response_id, function tools, text.format, its event stream",
 )
 async def responses(request: Request) -> Response:
     return await with_model(request, ResponsesServing, lambda serving: serving.responses(request))
+
+
+@router.get("/responses/{response_id}", **_UNVERSIONED)
+@router.get("/v1/responses/{response_id}", responses={404: {"model": ErrorResponse}},
+            summary="A stored response (kept unless the request said `store: false`)")
+async def get_response(response_id: str, request: Request) -> Response:
+    return stored_responses.retrieve(request, response_id)
+
+
+@router.delete("/responses/{response_id}", **_UNVERSIONED)
+@router.delete("/v1/responses/{response_id}", responses={404: {"model": ErrorResponse}},
+               summary="Forget a stored response")
+async def delete_response(response_id: str, request: Request) -> Response:
+    return stored_responses.delete(request, response_id)
+
+
+@router.get("/responses/{response_id}/input_items", **_UNVERSIONED)
+@router.get("/v1/responses/{response_id}/input_items", responses={400: {"model": ErrorResponse},
+                                                                  404: {"model": ErrorResponse}},
+            summary="The input a stored response answered (earlier turns' items included), OpenAI's list")
+async def response_input_items(response_id: str, request: Request) -> Response:
+    return stored_responses.input_items(request, response_id)
 
 
 # ---- Anthropic's Messages API (errors in Anthropic's envelope: api/errors.py chooses it by path) ----------------

@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from edge_llm.api.errors import APIError
 from edge_llm.api.middleware import OPEN_PATHS
+from edge_llm.api.response_store import KEY_OWNER_STATE, key_owner
 from edge_llm.api.web import WEB_PATHS
 from edge_llm.config import Settings
 
@@ -65,8 +66,12 @@ class ApiKeyAuth:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        problem = self._check(headers.get("authorization"), headers.get("x-api-key"))
+        authorization, api_key = headers.get("authorization"), headers.get("x-api-key")
+        problem = self._check(authorization, api_key)
         if problem is None:
+            # Whose stored responses this request may see (api/response_store.py): the key it came in with.
+            token = authorization.strip().partition(" ")[2] if authorization is not None else api_key
+            scope.setdefault("state", {})[KEY_OWNER_STATE] = key_owner((token or "").strip())
             await self.app(scope, receive, send)
             return
         logger.warning("authentication failed: %s", problem, extra={"client": _client(scope), "path": scope["path"]})

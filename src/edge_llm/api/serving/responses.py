@@ -1,9 +1,9 @@
-"""POST /v1/responses: OpenAI's Responses API, stateless.
+"""POST /v1/responses: OpenAI's Responses API.
 
-The body becomes the chat request it amounts to (api/protocol_responses.py), so the chat family's template,
-grammars (text.format, a forced tool call) and tool-call parser serve it unchanged; the answer goes out as a
-Response object or as the Responses event stream (serving/responses_events.py). Nothing is stored:
-`previous_response_id` and `conversation` are refused with a message that says so.
+The body (after the stored items `previous_response_id` continues) becomes the chat request it amounts to
+(api/protocol_responses.py), so the chat family's template, grammars (text.format, a forced tool call) and
+tool-call parser serve it unchanged; the answer goes out as a Response object or as the Responses event stream
+(serving/responses_events.py), and is kept unless `store: false` (serving/stored_responses.py).
 """
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from edge_llm.api.errors import invalid_request
+from edge_llm.api.errors import CLIENT_CLOSED_REQUEST, APIError, invalid_request
 from edge_llm.api.protocol import ChatCompletionRequest
 from edge_llm.api.params import report_ignored
 from edge_llm.api.protocol_responses import FunctionToolChoice, ResponsesRequest, set_aside_unread
 from edge_llm.api.serving.base import Generation, total_usage
 from edge_llm.api.serving.chat import ChatPlan, ChatServing
 from edge_llm.api.serving.responses_events import Event, ResponseBuilder
+from edge_llm.api.serving.stored_responses import Keeper, previous_context, stored_items
 from edge_llm.api.sse import encode_json_event
 from edge_llm.engine.types import Failed, FinishReason, Finished, TextDelta
 from edge_llm.prompting.tools import ToolCallParser
@@ -31,18 +32,16 @@ _INCOMPLETE = {FinishReason.LENGTH: "max_output_tokens", FinishReason.TIMEOUT: "
 
 
 def refuse_unsupported(body: ResponsesRequest) -> None:
-    """What a stateless server with function tools only cannot do, refused with the reason."""
-    for field in ("previous_response_id", "conversation"):
-        if getattr(body, field) is not None:
-            raise invalid_request(
-                f"'{field}' is not supported: this server is stateless and stores no responses ('store' is accepted "
-                "but nothing is kept). Send the whole conversation in 'input' instead.",
-                param=field, code="unsupported_parameter")
+    """What a server without conversations, stored prompts or background runs cannot do, refused with the reason."""
+    if body.conversation is not None:
+        raise invalid_request("'conversation' is not supported: this server has no Conversations API; chain turns "
+                              "with 'previous_response_id' or send the whole conversation in 'input'",
+                              param="conversation", code="unsupported_parameter")
     if body.prompt is not None:
         raise invalid_request("'prompt' (a stored prompt template) is not supported: this server stores no prompts; "
                               "send 'instructions' and 'input'", param="prompt", code="unsupported_parameter")
     if body.background:
-        raise invalid_request("'background' responses are not supported: this server stores no responses",
+        raise invalid_request("'background' responses are not supported: a response runs while its request waits",
                               param="background", code="unsupported_parameter")
     names = [tool.name for tool in body.tools or []]
     if not all(names):
@@ -63,6 +62,9 @@ class ResponsesServing(ChatServing):
         body = self.parse(ResponsesRequest, raw)
         self.check_model(body.model)
         refuse_unsupported(body)
+        context = previous_context(request, body)
+        keeper = Keeper(request, [*context, *stored_items(body)])
+        body = body.continued(context) if context else body
         chat = self.parse(ChatCompletionRequest, body.to_chat())
         tools = [tool.model_dump(exclude_none=True) for tool in chat.active_tools]
         plan = ChatPlan(grammar=await self.off_loop(self._chat_grammar, chat),
@@ -73,31 +75,52 @@ class ResponsesServing(ChatServing):
             sampling=lambda choice: chat.sampling_params(self.defaults, choice, plan.grammar),
             stop=(), logprobs=None,
         )
-        builder = ResponseBuilder(self.model_id, body.echo())
+        stored = body.store is not False and keeper.store.enabled
+        builder = ResponseBuilder(self.model_id, body.echo(stored=stored))
+        if stored:
+            keeper.start(builder.response("in_progress"))
         parser = ToolCallParser(plan.tools) if plan.tools else None  # with the names: bare JSON calls count too
         if body.stream:
-            return self.stream(generation, self._events(generation, builder, parser))
-        result = (await self.collect(request, generation))[0]
+            return self.stream(generation, self._events(generation, builder, parser, keeper if stored else None))
+        try:
+            result = (await self.collect(request, generation))[0]
+        except APIError as error:
+            if stored:
+                keeper.end(builder.response("cancelled" if error.status == CLIENT_CLOSED_REQUEST else "failed",
+                                            error=None if error.status == CLIENT_CLOSED_REQUEST
+                                            else {"code": error.code or "server_error", "message": error.message}))
+            raise
         assert result.finished is not None
         answer_events(builder, parser, result.text)
         final = finish_events(builder, parser, generation, result.finished)[-1]["response"]
+        if stored:
+            keeper.end(final)
         return JSONResponse(final, headers=self.headers(generation))
 
-    async def _events(self, generation: Generation, builder: ResponseBuilder, parser: ToolCallParser | None
-                      ) -> AsyncIterator[bytes]:
-        for event in builder.start():
-            yield encode(event)
-        async for _, engine_event in generation.channel.choice_events():
-            if isinstance(engine_event, TextDelta):
-                events = answer_events(builder, parser, engine_event.text)
-            elif isinstance(engine_event, Finished):
-                events = finish_events(builder, parser, generation, engine_event)
-            elif isinstance(engine_event, Failed):
-                events = builder.failed(engine_event.message)
-            else:
-                continue
-            for event in events:
+    async def _events(self, generation: Generation, builder: ResponseBuilder, parser: ToolCallParser | None,
+                      keeper: Keeper | None) -> AsyncIterator[bytes]:
+        try:
+            for event in builder.start():
                 yield encode(event)
+            async for _, engine_event in generation.channel.choice_events():
+                if isinstance(engine_event, TextDelta):
+                    events = answer_events(builder, parser, engine_event.text)
+                elif isinstance(engine_event, Finished):
+                    events = finish_events(builder, parser, generation, engine_event)
+                elif isinstance(engine_event, Failed):
+                    events = builder.failed(engine_event.message)
+                else:
+                    continue
+                if keeper is not None and events and "response" in events[-1] and events[-1]["type"] in _ENDS:
+                    keeper.end(events[-1]["response"])
+                for event in events:
+                    yield encode(event)
+        finally:
+            if keeper is not None and not keeper.ended:  # the client left before the end
+                keeper.end(builder.response("cancelled"))
+
+
+_ENDS = ("response.completed", "response.incomplete", "response.failed")
 
 
 def answer_events(builder: ResponseBuilder, parser: ToolCallParser | None, text: str) -> list[Event]:

@@ -10,7 +10,6 @@ import ctypes
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,12 +23,12 @@ from edge_llm.engine.thread.embeddings import EMBEDDING_MAX_TOKENS
 from edge_llm.engine.llama.kv_types import KV_TYPES
 from edge_llm.engine.llama.embedding import EmbeddingContext
 from edge_llm.engine.llama.kv_state import read_sequence_state, write_sequence_state
+from edge_llm.engine.llama.model_facts import embeds_in_chunks, fim_tokens, model_metadata
 from edge_llm.engine.llama.loading import STRLEN_ADDRESS, ModelLoadError, create_context, expected_failure, load_model
 from edge_llm.engine.llama.sampling import Sampler, TokenSampling
 from edge_llm.engine.scheduling.step_plan import KvCopy, KvOp, KvRemove, KvShift, KvTrim
 from edge_llm.engine.scheduling.step_plan import StepPlan
 from edge_llm.engine.types import (
-    FimTokens,
     ModelInfo,
     OutOfCellsError,
     SamplingParams,
@@ -177,7 +176,7 @@ class LlamaRunner:
         bos = llama_cpp.llama_vocab_bos(self._vocab)
         eos = llama_cpp.llama_vocab_eos(self._vocab)
         add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
-        metadata = self._metadata()
+        metadata = model_metadata(self._model)
         return ModelInfo(
             path=self.model_path,
             description=buffer.value.decode("utf-8", errors="replace"),
@@ -191,10 +190,10 @@ class LlamaRunner:
             add_bos=add_bos,
             bos_token=bos if add_bos and bos >= 0 else None,
             metadata=metadata,
-            fim=self._fim_tokens(),
+            fim=fim_tokens(self._vocab, self._n_vocab),
             # (a moved chunk keeps values computed after other text: not what --deterministic promises)
             can_move_cells=bool(llama_cpp.llama_memory_can_shift(self._memory)) and not self.config.deterministic,
-            embedding_dimensions=llama_cpp.llama_model_n_embd_out(self._model) if self._embeds_in_chunks(metadata) else 0,
+            embedding_dimensions=llama_cpp.llama_model_n_embd_out(self._model) if embeds_in_chunks(self._model, metadata) else 0,
             embedding_max_tokens=min(EMBEDDING_MAX_TOKENS, self.config.n_ctx,
                                      max(1, llama_cpp.llama_model_n_ctx_train(self._model))),
             control_tokens=self._control,
@@ -213,37 +212,6 @@ class LlamaRunner:
         longest = max((abs(llama_cpp.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, True))
                        for token in range(self._n_vocab)), default=0)  # negative: the length of a longer piece
         return end_tokens, control, longest
-
-    def _embeds_in_chunks(self, metadata: dict[str, str]) -> bool:
-        """Embeddings are computed a chunk at a time (embedding.py), which needs a causal decoder: an encoder-decoder
-        model, or one whose attention looks ahead (BERT-like embedding models), would need its whole input at once."""
-        architecture = metadata.get("general.architecture", "")
-        causal = metadata.get(f"{architecture}.attention.causal", "true").lower() != "false"
-        return causal and not llama_cpp.llama_model_has_encoder(self._model)
-
-    def _fim_tokens(self) -> FimTokens | None:
-        def token(read: Callable[[llama_cpp.llama_vocab_p], int]) -> int | None:
-            value = read(self._vocab)
-            return value if 0 <= value < self._n_vocab else None
-
-        prefix, suffix, middle = (token(llama_cpp.llama_vocab_fim_pre), token(llama_cpp.llama_vocab_fim_suf),
-                                  token(llama_cpp.llama_vocab_fim_mid))
-        if prefix is None or suffix is None or middle is None:
-            return None
-        return FimTokens(prefix, suffix, middle, token(llama_cpp.llama_vocab_fim_rep),
-                         token(llama_cpp.llama_vocab_fim_sep))
-
-    def _metadata(self) -> dict[str, str]:
-        result: dict[str, str] = {}
-        key_buffer = ctypes.create_string_buffer(256)
-        value_buffer = ctypes.create_string_buffer(512)
-        for i in range(llama_cpp.llama_model_meta_count(self._model)):
-            llama_cpp.llama_model_meta_key_by_index(self._model, i, key_buffer, len(key_buffer))
-            llama_cpp.llama_model_meta_val_str_by_index(self._model, i, value_buffer, len(value_buffer))
-            key = key_buffer.value.decode("utf-8", errors="replace")
-            if not key.startswith("tokenizer.ggml.") and key != "tokenizer.chat_template":
-                result[key] = value_buffer.value.decode("utf-8", errors="replace")
-        return result
 
     def _special_text(self, token: int) -> str:
         if token < 0:

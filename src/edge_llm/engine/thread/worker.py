@@ -245,7 +245,7 @@ class Engine:
             self._outbox.flush()
             idle = scheduler.idle() and not self._embeddings.pending
             saving = idle and self._disk is not None and self._disk.has_pending_saves
-            if not self._drain_inbox(block=idle and not saving):
+            if not self._drain_inbox(requests, block=idle and not saving):
                 return
             if saving and scheduler.idle():  # nothing came in: a save's copy cannot delay anyone's step
                 self._disk.save_one_pending(scheduler, self.runner)
@@ -285,7 +285,7 @@ class Engine:
                     if active is not None:
                         requests.sample(active, [batch_index, *drafts.get(id(sequence), ())])
                 if plan.prefilled_tokens:
-                    self._report_prefill(plan)
+                    self._report_prefill(plan, requests)
             if self._embeddings.pending:  # one small chunk between decode steps, after this step's tokens are sent
                 self._outbox.flush()
                 answered = self._embeddings.step(self.runner.hidden_states, self._outbox)
@@ -298,18 +298,18 @@ class Engine:
         """The requests of the step in progress (called by the watchdog thread when a step is late)."""
         return [sequence.request_id for sequence in list(self._scheduler.running)]
 
-    def _report_prefill(self, plan: StepPlan) -> None:
+    def _report_prefill(self, plan: StepPlan, requests: ActiveRequests) -> None:
         """Each prompt longer than a step whose prefill this step moved but did not end: its progress, for streams
         that show it."""
         in_step = set(plan.seq_ids)
         for sequence in self._scheduler.running:
-            active = self._requests.get(sequence.request_id) if self._requests is not None else None
+            active = requests.get(sequence.request_id)
             if (active is not None and sequence.phase is Phase.PREFILL and sequence.seq_id in in_step
                     and len(sequence.feed) > self._scheduler.batch_size):
                 self._outbox.add(active.channel,
                                  PrefillProgress(sequence.n_past, len(sequence.feed), sequence.cached_tokens))
 
-    def _drain_inbox(self, *, block: bool) -> bool:
+    def _drain_inbox(self, requests: ActiveRequests, *, block: bool) -> bool:
         """Handles every queued command; waits for one if there is nothing to do. False means stop."""
         while True:
             try:
@@ -318,9 +318,11 @@ class Engine:
                 return True
             block = False
             if command == "submit":
-                self._requests.admit(payload)
+                requests.admit(payload)
             elif command == "abort":
-                self._cancel(payload)
+                self._forget_waiting(payload)
+                if not self._embeddings.cancel(payload):
+                    requests.cancel(payload)
             elif command == "embed":
                 self._embeddings.add(*payload)
             elif command == "stop":
@@ -355,11 +357,6 @@ class Engine:
             with self._lock:
                 self._step_requests = None
         return True
-
-    def _cancel(self, request_id: str) -> None:
-        self._forget_waiting(request_id)
-        if not self._embeddings.cancel(request_id):
-            self._requests.cancel(request_id)
 
     def _fail_everything(self, message: str, code: str) -> None:
         never_admitted: list[ActiveRequest] = []
