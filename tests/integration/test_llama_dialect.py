@@ -246,3 +246,48 @@ def test_props_and_slots_answer_what_llama_servers_clients_read(server: RunningS
     assert props["build_info"].startswith("edge-llm ")
     slots = httpx.get(server.url + "/slots", timeout=60)
     assert slots.status_code == 501 and "does not support slots" in slots.json()["error"]["message"]
+
+
+def detokenize(server: RunningServer, tokens: list[int]) -> str:
+    return httpx.post(server.url + "/detokenize", json={"tokens": tokens}, timeout=30).json()["content"]
+
+
+def test_return_tokens_gives_the_answers_token_ids(server: RunningServer) -> None:
+    body = {"prompt": "The days of the week are Monday,", "n_predict": 8, "temperature": 0, "return_tokens": True}
+    answer = httpx.post(server.url + "/completion", json=body, timeout=120).json()
+    assert len(answer["tokens"]) == answer["tokens_predicted"] > 0
+    assert detokenize(server, answer["tokens"]) == answer["content"]
+    with httpx.stream("POST", server.url + "/completion", json={**body, "stream": True}, timeout=120) as response:
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+    pieces = events[:-1]
+    assert all(event["tokens"] for event in pieces) and events[-1]["tokens"] == []  # as llama-server: in the pieces
+    assert detokenize(server, [token for event in pieces for token in event["tokens"]]) == "".join(
+        event["content"] for event in pieces)
+    infill = httpx.post(server.url + "/infill", timeout=120, json={
+        "input_prefix": "def add(a, b):\n    return ", "input_suffix": "\n", "n_predict": 6, "temperature": 0,
+        "return_tokens": True}).json()
+    assert infill["tokens"] and detokenize(server, infill["tokens"]) == infill["content"]
+    plain = httpx.post(server.url + "/completion", json={**body, "return_tokens": False}, timeout=120).json()
+    assert plain["tokens"] == []
+
+
+def test_n_probs_gives_llama_servers_completion_probabilities(server: RunningServer) -> None:
+    body = {"prompt": "The capital of France is", "n_predict": 4, "temperature": 0, "n_probs": 3}
+    answer = httpx.post(server.url + "/completion", json=body, timeout=120).json()
+    probabilities = answer["completion_probabilities"]
+    assert len(probabilities) == answer["tokens_predicted"]
+    assert "".join(entry["token"] for entry in probabilities) == answer["content"]
+    for entry in probabilities:
+        assert set(entry) == {"id", "token", "bytes", "logprob", "top_logprobs"} and entry["logprob"] <= 0
+        assert bytes(entry["bytes"]).decode() == entry["token"] and len(entry["top_logprobs"]) == 3
+        top = entry["top_logprobs"]
+        assert top[0]["id"] == entry["id"]  # greedy: the chosen token is the likeliest
+        assert [alternative["logprob"] for alternative in top] == sorted((a["logprob"] for a in top), reverse=True)
+    with httpx.stream("POST", server.url + "/completion", json={**body, "stream": True, "post_sampling_probs": True},
+                      timeout=120) as response:
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+    streamed = [entry for event in events[:-1] for entry in event["completion_probabilities"]]
+    assert "completion_probabilities" not in events[-1] and len(streamed) == events[-1]["tokens_predicted"]
+    assert all(0 < entry["prob"] <= 1 and len(entry["top_probs"]) == 3 for entry in streamed)
+    assert "completion_probabilities" not in httpx.post(server.url + "/completion", timeout=120,
+                                                        json={**body, "n_probs": 0}).json()

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Discriminator, Field, Tag, field_validator, model_validator
 
 from edge_llm.api.protocol_base import RequestModel, SamplingDefaults
 from edge_llm.api.protocol_llama import MAX_STOP_STRINGS, LlamaServerFields
@@ -64,6 +64,32 @@ class TextContentPart(RequestModel):
     text: str
 
 
+MEDIA_PART_TYPES = ("image_url", "input_audio", "file", "video_url")
+
+
+class MediaContentPart(RequestModel):
+    """An image, audio or file part: known, and refused with the reason (the models here read text only)."""
+
+    type: Literal["image_url", "input_audio", "file", "video_url"]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, value: Any) -> Any:
+        kind = value.get("type") if isinstance(value, dict) else None
+        raise ValueError(f"content parts of type '{kind}' cannot be read: this model reads text only (no image, "
+                         "audio or file input)")
+
+
+def _part_kind(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return "media" if kind in MEDIA_PART_TYPES else "text"
+
+
+# A discriminator, so that an image part's error says why instead of naming the text part's fields.
+ContentPart = Annotated[Annotated[TextContentPart, Tag("text")] | Annotated[MediaContentPart, Tag("media")],
+                        Discriminator(_part_kind)]
+
+
 class FunctionCall(RequestModel):
     name: str
     arguments: str
@@ -77,7 +103,7 @@ class ToolCall(RequestModel):
 
 class ChatMessage(RequestModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextContentPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
@@ -93,7 +119,7 @@ class ChatMessage(RequestModel):
 
     def text(self) -> str:
         if isinstance(self.content, list):
-            return "".join(part.text for part in self.content)
+            return "".join(part.text for part in self.content if isinstance(part, TextContentPart))
         return self.content or ""
 
     def to_template(self) -> dict[str, Any]:

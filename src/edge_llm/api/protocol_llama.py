@@ -77,6 +77,9 @@ class NativeGeneration(RequestModel):
     speculative: bool = True  # false: no speculative decoding for this request (see --speculative)
     response_fields: list[str] | None = Field(None, max_length=64)
     return_progress: bool = False  # a stream also sends `prompt_progress` chunks while the prompt is computed
+    return_tokens: bool = False  # the token ids in `tokens`: each chunk's, and all of them in a whole answer
+    n_probs: int = Field(0, ge=0, le=20)  # `completion_probabilities`: each token's logprob and the n likeliest
+    post_sampling_probs: bool = False  # `prob` / `top_probs` (probabilities) instead of `logprob` / `top_logprobs`
     input_suffix: str = ""  # /infill's text after the cursor; a completion has none
 
     @field_validator("stop")
@@ -100,6 +103,11 @@ class NativeGeneration(RequestModel):
 
     def sampling_params(self, defaults: SamplingDefaults, grammar: str | None = None) -> SamplingParams:
         return native_sampling(defaults, self, grammar)
+
+    @property
+    def logprobs(self) -> int | None:
+        """What the engine reports per token: the n_probs likeliest, or only the token itself for its id."""
+        return self.n_probs if self.n_probs else (0 if self.return_tokens else None)
 
 
 class InfillRequest(NativeGeneration):

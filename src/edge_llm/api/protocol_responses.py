@@ -34,6 +34,9 @@ class TextPart(_Item):
     @field_validator("type")
     @classmethod
     def _text_only(cls, value: str) -> str:
+        if value in ("input_image", "input_file", "input_audio"):
+            raise ValueError(f"content parts of type '{value}' cannot be read: this model reads text only (no "
+                             "image, audio or file input)")
         if value not in TEXT_PART_TYPES:
             raise ValueError(f"content parts of type '{value}' are not supported; this server reads text only "
                              f"({', '.join(TEXT_PART_TYPES)})")

@@ -9,6 +9,7 @@ events of the same shape without a `[DONE]`, as llama-server does. The editor ru
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from edge_llm.api.protocol_llama import InfillRequest, NativeGeneration
 from edge_llm.api.serving.base import Generation, Serving, error_body, failure_error
 from edge_llm.api.sse import encode_json_event
 from edge_llm.api.protocol_base import SamplingDefaults
-from edge_llm.engine.types import Failed, Finished, FinishReason, PrefillProgress, TextDelta
+from edge_llm.engine.types import Failed, Finished, FinishReason, PrefillProgress, TextDelta, TokenLogprob
 from edge_llm.prompting.fim import EditorCut, ExtraFile, infill_prompt, suffix_echo_stop
 
 logger = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ class _Progress:
 
     content: list[str] = field(default_factory=list)
     tokens: int = 0
+    sent: list[TokenLogprob] = field(default_factory=list)  # the tokens behind the content (return_tokens, n_probs)
     finished: Finished | None = None
     cut: bool = False
 
@@ -50,7 +52,7 @@ class InfillServing(Serving):
                                   bos=self.bos_token()))
         generation = self.start([prompt], n=1, max_tokens=max_tokens,
                                 sampling=lambda _: body.sampling_params(self.defaults),
-                                stop=tuple(body.stop) + suffix_echo_stop(body.input_suffix), logprobs=None,
+                                stop=tuple(body.stop) + suffix_echo_stop(body.input_suffix), logprobs=body.logprobs,
                                 cache_prompt=body.cache_prompt, fill_in_the_middle=True,
                                 speculative=body.speculative)
         return await self.answer(request, generation, body, await self.off_loop(self.engine.detokenize, prompt))
@@ -74,19 +76,24 @@ class InfillServing(Serving):
     # ---- the answer as it streams ---------------------------------------------------------------
 
     async def _pieces(self, generation: Generation, body: NativeGeneration, cut: EditorCut,
-                      progress: _Progress) -> AsyncIterator[str]:
-        """The content as it may be sent, after the editor rules; `progress` has how it ended."""
+                      progress: _Progress) -> AsyncIterator[tuple[str, list[TokenLogprob]]]:
+        """The content as it may be sent, after the editor rules, with the tokens behind it (those of text the
+        rules hold back go with the text when it is sent); `progress` has how it ended."""
         started = 0.0  # the first token's arrival: t_max_predict_ms counts generation time, as llama-server does
+        held: list[TokenLogprob] = []
         async for _, event in generation.channel.choice_events():
             if isinstance(event, TextDelta):
                 if body.warm_only or progress.cut:
                     continue  # after a cut: the engine's Finished (with usage and timings) is on its way
                 progress.tokens = event.token_count
+                held.extend(event.logprobs)
                 started = started or time.monotonic()
                 text = cut.feed(event.text, (time.monotonic() - started) * 1000)
                 if text:
                     progress.content.append(text)
-                    yield text
+                    progress.sent.extend(held)
+                    yield text, held
+                    held = []
                 if cut.cut:
                     progress.cut = True
                     self.abort(generation)
@@ -95,7 +102,8 @@ class InfillServing(Serving):
                 tail = "" if body.warm_only or progress.cut else cut.finish()
                 if tail:
                     progress.content.append(tail)
-                    yield tail
+                    progress.sent.extend(held)
+                    yield tail, held
                 return
             elif isinstance(event, Failed):
                 raise _Failure(event)
@@ -115,9 +123,13 @@ class InfillServing(Serving):
         progress = _Progress()
         prompt_tokens = generation.prompt_lengths[0]
         try:
-            async for text in self._pieces(generation, body, cut, progress):
-                yield encode_json_event({"index": 0, "content": text, "tokens": [], "stop": False, "id_slot": -1,
-                                         "tokens_predicted": progress.tokens, "tokens_evaluated": prompt_tokens})
+            async for text, tokens in self._pieces(generation, body, cut, progress):
+                chunk = {"index": 0, "content": text, "tokens": [token.token for token in tokens] if body.return_tokens
+                         else [], "stop": False, "id_slot": -1, "tokens_predicted": progress.tokens,
+                         "tokens_evaluated": prompt_tokens}
+                if body.n_probs:
+                    chunk["completion_probabilities"] = token_probabilities(tokens, body.post_sampling_probs)
+                yield encode_json_event(chunk)
         except _Failure as failure:
             yield encode_json_event(error_body(failure.failed))
             return
@@ -135,7 +147,7 @@ class InfillServing(Serving):
         result = {
             "index": 0,
             "content": "" if streamed else "".join(progress.content),
-            "tokens": [],
+            "tokens": [token.token for token in progress.sent] if body.return_tokens and not streamed else [],
             "id_slot": -1,
             "stop": True,
             "model": self.settings.model_alias or self.model_id,  # llama-server's --alias names the model
@@ -163,6 +175,8 @@ class InfillServing(Serving):
         for key in ("draft_n", "draft_n_accepted"):  # speculative decoding, as llama-server reports it
             if key in timings:
                 result["timings"][key] = timings[key]
+        if body.n_probs and not streamed:  # a stream sent them with each piece
+            result["completion_probabilities"] = token_probabilities(progress.sent, body.post_sampling_probs)
         if not body.response_fields:
             return result
         selected = _select(result, body.response_fields)
@@ -190,6 +204,23 @@ def _progress_chunk(generation: Generation, step: PrefillProgress, started: floa
             "tokens_evaluated": generation.prompt_lengths[0],
             "prompt_progress": {"total": step.total, "cache": step.cached, "processed": step.processed,
                                 "time_ms": (time.monotonic() - started) * 1000}}
+
+
+def token_probabilities(tokens: list[TokenLogprob], post_sampling: bool) -> list[dict[str, Any]]:
+    """llama-server's `completion_probabilities`: each token with its logprob and the likeliest alternatives
+    (`prob` / `top_probs` as probabilities when `post_sampling_probs`; computed before sampling all the same)."""
+
+    def entry(token: int, piece: bytes, logprob: float) -> dict[str, Any]:
+        value = math.exp(logprob) if post_sampling else max(logprob, _LOWEST)
+        return {"id": token, "token": piece.decode("utf-8", errors="ignore"), "bytes": list(piece),
+                "prob" if post_sampling else "logprob": value}
+
+    return [{**entry(item.token, item.piece, item.logprob),
+             "top_probs" if post_sampling else "top_logprobs": [entry(*alternative) for alternative in item.top]}
+            for item in tokens]
+
+
+_LOWEST = -3.4028234663852886e38  # llama-server's stand-in for log(0), which JSON cannot spell
 
 
 def generation_settings(body: NativeGeneration, defaults: SamplingDefaults, n_ctx: int) -> dict[str, Any]:

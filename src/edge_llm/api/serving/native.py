@@ -30,7 +30,7 @@ class NativeServing(InfillServing):
         prompt = await self.off_loop(self._prompt_tokens, body.prompt)
         generation = self.start([prompt], n=1, max_tokens=body.requested_max_tokens(),
                                 sampling=lambda _: body.sampling_params(self.defaults, grammar),
-                                stop=tuple(body.stop), logprobs=None, cache_prompt=body.cache_prompt,
+                                stop=tuple(body.stop), logprobs=body.logprobs, cache_prompt=body.cache_prompt,
                                 speculative=body.speculative)
         text = body.prompt if isinstance(body.prompt, str) else await self.off_loop(self.engine.detokenize, prompt)
         return await self.answer(request, generation, body, text)

@@ -70,11 +70,16 @@ class ResponsesServing(ChatServing):
         plan = ChatPlan(grammar=await self.off_loop(self._chat_grammar, chat),
                         tools=tuple(tool["function"]["name"] for tool in tools))
         prompt = await self.off_loop(self._build_prompt, chat.to_messages(), tools or None)
-        generation = self.start(
-            [prompt], n=1, max_tokens=body.max_output_tokens,
-            sampling=lambda choice: chat.sampling_params(self.defaults, choice, plan.grammar),
-            stop=(), logprobs=None,
-        )
+        try:
+            generation = self.start(
+                [prompt], n=1, max_tokens=body.max_output_tokens,
+                sampling=lambda choice: chat.sampling_params(self.defaults, choice, plan.grammar),
+                stop=(), logprobs=None,
+            )
+        except APIError as error:
+            if error.param == "messages":  # the Responses body calls its conversation `input`
+                error.param = "input"
+            raise
         stored = body.store is not False and keeper.store.enabled
         builder = ResponseBuilder(self.model_id, body.echo(stored=stored))
         if stored:
