@@ -71,6 +71,10 @@ def test_a_prompt_over_the_context_is_openais_context_length_exceeded(client: op
     with pytest.raises(openai.BadRequestError) as responses:
         client.responses.create(model=model_id, max_output_tokens=4, stream=stream, input=LONG)
     assert responses.value.body["code"] == "context_length_exceeded" and responses.value.body["param"] == "input"
+    # Far over: refused by its size before it is tokenized, with the same error.
+    with pytest.raises(openai.BadRequestError) as huge:
+        client.responses.create(model=model_id, max_output_tokens=4, stream=stream, input="hello " * 150_000)
+    assert huge.value.body["code"] == "context_length_exceeded" and huge.value.body["param"] == "input"
 
 
 @pytest.mark.parametrize("stream", [False, True])

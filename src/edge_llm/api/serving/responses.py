@@ -69,8 +69,8 @@ class ResponsesServing(ChatServing):
         tools = [tool.model_dump(exclude_none=True) for tool in chat.active_tools]
         plan = ChatPlan(grammar=await self.off_loop(self._chat_grammar, chat),
                         tools=tuple(tool["function"]["name"] for tool in tools))
-        prompt = await self.off_loop(self._build_prompt, chat.to_messages(), tools or None)
         try:
+            prompt = await self.off_loop(self._build_prompt, chat.to_messages(), tools or None)
             generation = self.start(
                 [prompt], n=1, max_tokens=body.max_output_tokens,
                 sampling=lambda choice: chat.sampling_params(self.defaults, choice, plan.grammar),
