@@ -95,7 +95,7 @@ def assert_stream_ended(path: str, events: list[str]) -> None:
 
 def test_the_corpus_covers_the_clients() -> None:
     assert {path.parent.name for path in FIXTURES} >= {
-        "codex", "claude-code", "openai-python", "anthropic-python", "langchain-ollama"}
+        "codex", "claude-code", "openai-python", "anthropic-python", "langchain-ollama", "vercel-ai-sdk"}
 
 
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda path: f"{path.parent.name}/{path.stem}")
