@@ -138,3 +138,25 @@ def test_ordinary_grammars_pass() -> None:
                     'root ::= ("a" | "b")? "c"', 'root ::= x x x\nx ::= "a"?', 'root ::= "{" (kv ("," kv)*)? "}"\n'
                     'kv ::= [a-z]+ ":" [0-9]+']:
         check_grammar_limits(grammar)
+
+
+@pytest.mark.parametrize(("grammar", "message"), [
+    ('root ::= root "a" | "b"', "grammar rule 'root' is left-recursive (it can start with itself, maybe behind rules "
+     "that match nothing): llama.cpp cannot use it"),
+    ('root ::= (x)*\nx ::= "a"?', "grammar rule 'root' repeats something that can match nothing: every way of splitting the text "
+     "between the repetitions is a path (make the repeated part non-empty)"),
+])
+def test_a_refused_grammar_is_told_why_and_what_to_change(grammar: str, message: str) -> None:
+    with pytest.raises(GrammarError) as refused:
+        check_grammar_limits(grammar)
+    assert str(refused.value) == message
+
+
+def test_a_leftmost_chain_of_exactly_the_bound_is_accepted_and_one_more_refused() -> None:
+    def chain(length: int) -> str:  # root, r0 .. r(length - 2): `length` rules each starting with the next
+        rules = [f'r{i} ::= r{i + 1} "x"' for i in range(length - 2)] + [f'r{length - 2} ::= "y"']
+        return "root ::= r0\n" + "\n".join(rules)
+
+    check_grammar_limits(chain(MAX_LEFT_CHAIN))
+    with pytest.raises(GrammarError, match=f"chain of {MAX_LEFT_CHAIN + 1} rules"):
+        check_grammar_limits(chain(MAX_LEFT_CHAIN + 1))
