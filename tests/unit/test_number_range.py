@@ -65,3 +65,34 @@ def test_a_number_rule_matches_exactly_the_decimals_in_its_range(low: str | None
 def test_negative_zero_is_not_written() -> None:
     regex = as_regex(number_range_rule(Decimal(-1), Decimal(1)))
     assert not regex.match("-0") and regex.match("0") and regex.match("-0.5") and regex.match("0.0")
+
+
+@pytest.mark.parametrize(("low", "high"), [("2.1", "2.35"), ("2.15", "2.4"), ("0.1", "0.35"), ("2.05", "2.5")])
+@pytest.mark.parametrize(("low_inclusive", "high_inclusive"), [(True, True), (False, False), (True, False)])
+def test_a_range_within_one_whole_number_holds_every_decimal_between_its_bounds(
+        low: str, high: str, low_inclusive: bool, high_inclusive: bool) -> None:
+    lo, hi = Decimal(low), Decimal(high)
+    regex = as_regex(number_range_rule(lo, hi, low_inclusive, high_inclusive))
+    whole = int(lo)
+    texts = [f"{whole}.{n:0{digits}d}" for digits in (1, 2, 3) for n in range(10**digits)] + [str(whole)]
+    wrong = [text for text in texts if bool(regex.match(text)) != (
+        (lo < Decimal(text) or (low_inclusive and lo == Decimal(text)))
+        and (Decimal(text) < hi or (high_inclusive and hi == Decimal(text))))]
+    assert not wrong, wrong[:8]
+
+
+def test_bounds_are_inclusive_unless_said_otherwise() -> None:
+    regex = as_regex(number_range_rule(Decimal("0.5"), Decimal("1.5")))
+    assert regex.match("0.5") and regex.match("1.5") and not regex.match("1.51")
+
+
+@pytest.mark.parametrize(("low", "low_inclusive", "high", "high_inclusive"), [
+    ("5", True, "4", True), ("1.5", True, "1.5", False), ("1.5", False, "1.5", True), ("2.5", True, "0.5", True)])
+def test_an_empty_range_has_no_rule(low: str, low_inclusive: bool, high: str, high_inclusive: bool) -> None:
+    assert number_range_rule(Decimal(low), Decimal(high), low_inclusive, high_inclusive) == ""
+
+
+def test_a_range_ending_at_zero_holds_zero_and_never_minus_zero() -> None:
+    regex = as_regex(number_range_rule(Decimal(-1), Decimal(0)))
+    assert regex.match("0") and regex.match("0.0") and regex.match("-0.5") and regex.match("-1")
+    assert not regex.match("-0") and not regex.match("0.5")
