@@ -20,7 +20,7 @@ from starlette.types import Receive, Scope, Send
 from edge_llm.api.errors import APIError
 from edge_llm.api.serving import Serving, build_serving
 from edge_llm.api.serving.base import load_wait_ms
-from edge_llm.api.serving.body import json_object
+from edge_llm.api.serving.body import request_json
 from edge_llm.config import Settings
 from edge_llm.logs import bind_model, current_request_id, unbind_model
 from edge_llm.registry.keep_alive import parse_keep_alive
@@ -68,7 +68,7 @@ async def requested_model(request: Request) -> tuple[str | None, Any]:
     """The body's `model` (None when absent or not a string: the default model) and `keep_alive`. A body that is
     not a JSON object names no model; its family's serving object then refuses it."""
     try:
-        body = json_object(await request.body())
+        body = await request_json(request)
     except APIError:  # the family's serving object refuses the body with the same 400
         return None, DEFAULT_KEEP_ALIVE
     model = body.get("model")

@@ -22,7 +22,7 @@ from edge_llm.api.errors import APIError, from_engine_error, invalid_request
 from edge_llm.api.limits import cap_max_tokens, check_prompt_tokens
 from edge_llm.api.params import parse_body
 from edge_llm.api.protocol_llama import LlamaServerFields
-from edge_llm.api.serving.body import json_object
+from edge_llm.api.serving.body import request_json
 from edge_llm.api.protocol import ErrorResponse, PromptTokensDetails, UsageInfo
 from edge_llm.api.protocol_base import SamplingDefaults
 from edge_llm.api.sse import DONE, EventStreamResponse, encode_json_event
@@ -125,9 +125,8 @@ class Serving:
     # ---- the body --------------------------------------------------------------------------------
 
     async def json_body(self, request: Request) -> dict[str, Any]:
-        raw = await request.body()
-        _body_bytes.set(len(raw))  # this request's task only: `off_loop` picks its thread by it
-        return json_object(raw)
+        _body_bytes.set(len(await request.body()))  # this request's task only: `off_loop` picks its thread by it
+        return await request_json(request)
 
     def parse(self, model: type[BodyModel], body: dict[str, Any]) -> BodyModel:
         """`body` validated as `model`; keys its models do not know, at any depth, are ignored and reported
