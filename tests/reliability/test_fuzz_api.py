@@ -48,6 +48,9 @@ OPERATIONS = [
     ("POST", "/v1/messages"),
     ("POST", "/v1/messages/count_tokens"),
     ("POST", "/v1/responses"),
+    ("GET", "/v1/responses/{response_id}"),
+    ("DELETE", "/v1/responses/{response_id}"),
+    ("GET", "/v1/responses/{response_id}/input_items"),
     ("POST", "/infill"),
     ("POST", "/completion"),
     ("GET", "/props"),
@@ -75,10 +78,10 @@ OPERATIONS = [
 ]
 RESPONSES_END = re.compile(rb"event: response\.(completed|incomplete|failed)\n[^\n]*\n\n$")
 INFILL_END = re.compile(rb'data: \{[^\n]*("stop": true|"error": )[^\n]*\}\n\n$')  # llama-server's: no [DONE]
-# The GET operations have no negative case to generate (no body, and any string is a valid model id);
+# The operations without a body have no negative case to generate (any string is a valid model or response id);
 # their negative side is test_wrong_methods_and_unknown_paths_get_the_envelope (and the positive cases'
-# random model ids, which get 404 envelopes).
-WITH_INPUTS = [op for op in OPERATIONS if op[0] in ("POST", "DELETE")]
+# random ids, which get 404 envelopes).
+WITH_INPUTS = [op for op in OPERATIONS if op[0] == "POST" or op == ("DELETE", "/api/delete")]
 
 
 @pytest.fixture(scope="module")
