@@ -5,7 +5,7 @@
 # and runs `codex exec` and `claude -p` once each on a small task in a temporary git repository, through
 # tests/tools/capture_proxy.py. Prints every request's route and status, each CLI's exit code and answer, and
 # leaves the captured requests in OUT_DIR (corpus-shaped: copy the ones worth keeping to tests/fixtures/clients/).
-# Minutes on a CPU (each first prompt is 8-12k tokens): a documented command, not a CI test.
+# Minutes on a CPU (first prompts of 6k and 12k tokens): a documented command, not a CI test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo_root=$PWD

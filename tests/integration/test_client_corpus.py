@@ -118,7 +118,7 @@ INSTRUCTIONS_KEY = {"/v1/responses": "input", "/v1/messages": "system"}
 
 @pytest.mark.parametrize("client", ["codex", "claude-code"])
 def test_an_agent_prompt_over_the_context_gets_the_protocols_error(server: RunningServer, client: str) -> None:
-    """Codex's and Claude Code's first turns with their instructions given twice (18-24k tokens, over the default
+    """Codex's and Claude Code's first turns with their instructions given twice (12-24k tokens, over the default
     8192-token context) get their own protocol's context-length error, never a 500 or a cut prompt."""
     (path,) = (CORPUS / client).glob("*_first_turn.json")
     record = load(path)
