@@ -160,3 +160,9 @@ def test_a_leftmost_chain_of_exactly_the_bound_is_accepted_and_one_more_refused(
     check_grammar_limits(chain(MAX_LEFT_CHAIN))
     with pytest.raises(GrammarError, match=f"chain of {MAX_LEFT_CHAIN + 1} rules"):
         check_grammar_limits(chain(MAX_LEFT_CHAIN + 1))
+
+
+def test_an_optional_rule_that_can_match_nothing_is_allowed_once_but_not_repeated() -> None:
+    check_grammar_limits('root ::= x? "a"\nx ::= "b"?')
+    with pytest.raises(GrammarError, match="repeats something that can match nothing"):
+        check_grammar_limits('root ::= x{0,2} "a"\nx ::= "b"?')
