@@ -26,7 +26,8 @@ claude="$repo_root/$clis/node_modules/@anthropic-ai/claude-code-linux-x64/claude
 free_port() { "$python" -c 'from edge_llm.testing.server import free_port; print(free_port())'; }
 server_port=$(free_port); codex_port=$(free_port); claude_port=$(free_port)
 pids=()
-cleanup() { for pid in "${pids[@]}"; do kill -INT "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+# TERM, not INT: a non-interactive shell starts its background jobs with SIGINT ignored
+cleanup() { for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
 "$python" -m edge_llm serve --ctx-size 32768 --port "$server_port" > "$out/server.log" 2>&1 &
