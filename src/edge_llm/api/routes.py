@@ -9,7 +9,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from edge_llm.api.errors import APIError
-from edge_llm.api.protocol import ChatCompletion, ChatCompletionRequest, Completion, ErrorResponse
+from edge_llm.api.protocol import ChatCompletionRequest, ErrorResponse
+from edge_llm.api.protocol_answers import ChatCompletion, Completion
 from edge_llm.api.protocol_models import (
     AnthropicModelInfo,
     AnthropicModelList,

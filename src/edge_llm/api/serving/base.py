@@ -2,7 +2,7 @@
 fitting, and a request's life in the engine (submit, collect, stream, cancel) with its headers and errors.
 
 An endpoint family (chat, completions, tokenization, models, …) is one module with one `Serving` subclass;
-the usage and response helpers at the end are the OpenAI shapes that chat and completions both answer with.
+a request's outcome in the OpenAI shapes (usage, timings, failures) is in outcome.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import logging
 import time
 from contextvars import ContextVar
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -23,11 +22,11 @@ from edge_llm.api.limits import cap_max_tokens, check_prompt_tokens
 from edge_llm.api.params import parse_body
 from edge_llm.api.protocol_llama import LlamaServerFields
 from edge_llm.api.serving.body import request_json
-from edge_llm.api.protocol import ErrorResponse, PromptTokensDetails, UsageInfo
+from edge_llm.api.serving.outcome import ChoiceResult, Generation, prefill_note, usage_info, total_usage, merged_timings, failure_error, engine_unavailable
 from edge_llm.api.protocol_base import SamplingDefaults
 from edge_llm.api.sse import DONE, EventStreamResponse, encode_json_event
 from edge_llm.config import Settings
-from edge_llm.engine.facade import EngineClient, GrammarError, ReplyChannel
+from edge_llm.engine.facade import EngineClient, GrammarError
 from edge_llm.engine.types import (
     EngineError,
     EngineUnavailableError,
@@ -35,11 +34,8 @@ from edge_llm.engine.types import (
     FimTokens,
     Finished,
     GenerationRequest,
-    PrefillProgress,
     SamplingParams,
     TextDelta,
-    TokenLogprob,
-    Usage,
 )
 from edge_llm.logs import current_request_id, new_request_id
 from edge_llm.prompting.chat_template import TemplateError
@@ -58,33 +54,6 @@ load_wait_ms: ContextVar[float] = ContextVar("edge_llm_load_wait_ms", default=0.
 BULK_BODY_BYTES = 64 * 1024
 _body_bytes: ContextVar[int] = ContextVar("edge_llm_body_bytes", default=0)
 
-
-
-@dataclass
-class ChoiceResult:
-    """One choice of a non-streamed answer, collected."""
-
-    text: str = ""
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    finished: Finished | None = None
-
-
-@dataclass
-class Generation:
-    """One HTTP request's work in the engine: a GenerationRequest per choice, one reply channel."""
-
-    requests: list[GenerationRequest]
-    channel: ReplyChannel
-    prompt_lengths: list[int]  # per distinct prompt
-    prompt_of_choice: list[int]  # choice index → prompt index
-
-    @property
-    def request_id(self) -> str:
-        return self.requests[0].request_id.split("/")[0]
-
-    @property
-    def wants_logprobs(self) -> bool:
-        return self.requests[0].logprobs is not None
 
 
 class Serving:
@@ -406,63 +375,6 @@ class Serving:
             return DONE
         usage = usage_info(total_usage(generation, finished)).model_dump()
         return encode_json_event({**header, "model": self.model_id, "choices": [], "usage": usage}) + DONE
-
-
-def prefill_note(index: int, progress: PrefillProgress) -> str:
-    """The comment line a stream shows while a long prompt is prefilled (docs/operations.md, Limits)."""
-    choice = f" (choice {index})" if index else ""
-    return f"prefill {progress.processed}/{progress.total} tokens, {progress.cached} cached{choice}"
-
-
-def usage_info(usage: Usage) -> UsageInfo:
-    return UsageInfo(
-        prompt_tokens=usage.prompt_tokens,
-        completion_tokens=usage.completion_tokens,
-        total_tokens=usage.total_tokens,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=usage.cached_tokens),
-    )
-
-
-def total_usage(generation: Generation, finished: list[Finished | None]) -> Usage:
-    """Each distinct prompt counts once, however many choices it had."""
-    first_choice_of_prompt: dict[int, Finished] = {}
-    for choice, done in enumerate(finished):
-        if done is not None:
-            first_choice_of_prompt.setdefault(generation.prompt_of_choice[choice], done)
-    return Usage(
-        prompt_tokens=sum(generation.prompt_lengths),
-        completion_tokens=sum(done.usage.completion_tokens for done in finished if done is not None),
-        cached_tokens=sum(done.usage.cached_tokens for done in first_choice_of_prompt.values()),
-    )
-
-
-def merged_timings(finished: list[Finished | None]) -> dict[str, float]:
-    done = [f for f in finished if f is not None]
-    if not done:
-        return {}
-    return {key: max(f.timings.get(key, 0.0) for f in done) for key in done[0].timings}
-
-
-def failure_error(failed: Failed) -> APIError:
-    if failed.code == "context_length_exceeded":
-        return invalid_request(failed.message, param="messages", code=failed.code)
-    if failed.code in ("invalid_request", "grammar_too_costly"):  # the request's own grammar or logit_bias
-        return invalid_request(failed.message, code=failed.code)
-    return APIError(503, failed.message, code=failed.code)
-
-
-def error_body(failed: Failed) -> dict[str, Any]:
-    """The error envelope of a request that failed after its answer began (an SSE error event)."""
-    return ErrorResponse(error=failure_error(failed).detail()).model_dump()
-
-
-def piece_text(piece: bytes) -> str:
-    return piece.decode("utf-8", errors="replace")
-
-
-def engine_unavailable(exc: EngineUnavailableError) -> APIError:
-    """503 for vocabulary work while the model is not loaded or the engine is stopping."""
-    return APIError(503, str(exc), code="engine_unavailable", headers={"Retry-After": "2"})
 
 
 async def _until_disconnected(request: Request) -> None:

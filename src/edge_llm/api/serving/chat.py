@@ -19,15 +19,10 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from edge_llm.api.errors import invalid_request
-from edge_llm.api.protocol import ChatCompletionRequest, NamedToolChoice, SimplePromptRequest, new_completion_id
-from edge_llm.api.serving.base import (
-    ChoiceResult,
-    Generation,
-    Serving,
-    error_body,
-    piece_text,
-    usage_info,
-)
+from edge_llm.api.protocol import ChatCompletionRequest, NamedToolChoice, SimplePromptRequest
+from edge_llm.api.protocol_answers import new_completion_id
+from edge_llm.api.serving.base import Serving
+from edge_llm.api.serving.outcome import ChoiceResult, Generation, error_body, piece_text, usage_info
 from edge_llm.api.sse import encode_event, encode_json_event
 from edge_llm.config import Settings
 from edge_llm.engine.facade import EngineClient

@@ -12,8 +12,10 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from edge_llm.api.protocol import CompletionRequest, new_completion_id
-from edge_llm.api.serving.base import ChoiceResult, Generation, Serving, error_body, piece_text
+from edge_llm.api.protocol import CompletionRequest
+from edge_llm.api.protocol_answers import new_completion_id
+from edge_llm.api.serving.base import Serving
+from edge_llm.api.serving.outcome import ChoiceResult, Generation, error_body, piece_text
 from edge_llm.api.sse import encode_json_event
 from edge_llm.engine.types import Failed, Finished, TextDelta, TokenLogprob
 from edge_llm.prompting.fim import cursor_line_split, infill_prompt, suffix_echo_stop

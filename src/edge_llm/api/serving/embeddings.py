@@ -16,7 +16,8 @@ from fastapi.responses import JSONResponse
 
 from edge_llm.api.errors import from_engine_error, invalid_request
 from edge_llm.api.protocol_embeddings import MAX_INPUTS, MAX_REQUEST_TOKENS, EmbeddingsRequest
-from edge_llm.api.serving.base import Serving, engine_unavailable, failure_error
+from edge_llm.api.serving.base import Serving
+from edge_llm.api.serving.outcome import engine_unavailable, failure_error
 from edge_llm.engine.types import (
     Embedded,
     EmbeddingRequest,

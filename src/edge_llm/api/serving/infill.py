@@ -19,7 +19,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from edge_llm.api.protocol_llama import InfillRequest, NativeGeneration
-from edge_llm.api.serving.base import Generation, Serving, error_body, failure_error
+from edge_llm.api.serving.base import Serving
+from edge_llm.api.serving.outcome import Generation, error_body, failure_error
 from edge_llm.api.sse import encode_json_event
 from edge_llm.api.protocol_base import SamplingDefaults
 from edge_llm.engine.types import Failed, Finished, FinishReason, PrefillProgress, TextDelta, TokenLogprob

@@ -29,7 +29,7 @@ from edge_llm.api.protocol_anthropic import (
     tool_use_id,
     usage,
 )
-from edge_llm.api.serving.base import Generation, failure_error
+from edge_llm.api.serving.outcome import Generation, failure_error
 from edge_llm.api.serving.chat import ChatServing
 from edge_llm.api.sse import encode_json_event
 from edge_llm.engine.types import Failed, Finished, TextDelta

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edge_llm.api.protocol_anthropic import tool_input
-from edge_llm.api.serving.base import Generation, load_wait_ms
+from edge_llm.api.serving.base import load_wait_ms
+from edge_llm.api.serving.outcome import Generation
 from edge_llm.api.serving.chat import chat_logprobs
 from edge_llm.engine.types import Failed, Finished, TextDelta, TokenLogprob
 from edge_llm.prompting.tools import ParsedToolCall, ToolCallParser

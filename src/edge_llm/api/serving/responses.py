@@ -18,7 +18,7 @@ from edge_llm.api.errors import CLIENT_CLOSED_REQUEST, APIError, invalid_request
 from edge_llm.api.protocol import ChatCompletionRequest
 from edge_llm.api.params import report_ignored
 from edge_llm.api.protocol_responses import FunctionToolChoice, ResponsesRequest, set_aside_unread
-from edge_llm.api.serving.base import Generation, total_usage
+from edge_llm.api.serving.outcome import Generation, total_usage
 from edge_llm.api.serving.chat import ChatPlan, ChatServing
 from edge_llm.api.serving.responses_events import Event, ResponseBuilder
 from edge_llm.api.serving.stored_responses import Keeper, previous_context, stored_items
