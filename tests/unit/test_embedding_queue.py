@@ -36,6 +36,12 @@ def expected(pooling: Pooling, states: np.ndarray) -> np.ndarray:
     return vector / np.linalg.norm(vector)
 
 
+def run_scheduled_callbacks(loop: asyncio.AbstractEventLoop) -> None:
+    """Runs the callbacks already scheduled on `loop` (the outbox's deliveries), one iteration, then returns."""
+    loop.call_soon(loop.stop)
+    loop.run_forever()
+
+
 def channel_events(channel: ReplyChannel) -> list:
     events = []
     while not channel._queue.empty():  # noqa: SLF001 - reading what was delivered, without a consumer task
@@ -61,7 +67,7 @@ def test_pooling_over_chunks_equals_pooling_over_the_whole_input(
         while queue.pending:
             queue.step(hidden, outbox)
         outbox.flush()
-        loop.run_until_complete(asyncio.sleep(0))
+        run_scheduled_callbacks(loop)
         (event,) = channel_events(channel)
     finally:
         loop.close()
@@ -90,7 +96,7 @@ def test_jobs_run_in_order_and_a_cancelled_one_is_dropped() -> None:
         while queue.pending:
             queue.step(hidden, outbox)
         outbox.flush()
-        loop.run_until_complete(asyncio.sleep(0))
+        run_scheduled_callbacks(loop)
         events = [channel_events(channel) for channel in channels]
     finally:
         loop.close()
@@ -122,7 +128,7 @@ def test_a_failing_job_fails_alone_and_the_next_one_runs(error: Exception, code:
         queue.fail_all(outbox, "the server is shutting down", "shutting_down")
         assert not queue.pending
         outbox.flush()
-        loop.run_until_complete(asyncio.sleep(0))
+        run_scheduled_callbacks(loop)
         (failed,), (embedded,) = channel_events(first), channel_events(second)
     finally:
         loop.close()

@@ -85,6 +85,11 @@ class FakeRunner:
         if gate is not None:
             gate.release(1000)
 
+    def wait_for_kv(self, predicate: Callable[[], bool]) -> None:
+        """Waits until the KV ops applied so far satisfy `predicate` (each apply_kv_ops notifies)."""
+        with self._cond:
+            assert self._cond.wait_for(predicate, TIMEOUT), "the KV ops never came"
+
     def wait_blocked(self, n: int) -> None:
         """Waits until the n-th decode call has started (and, when gated, is waiting for a permit)."""
         with self._cond:
@@ -146,6 +151,8 @@ class FakeRunner:
     def apply_kv_ops(self, ops) -> None:
         ops = list(ops)
         self.kv.apply_ops(ops)
+        with self._cond:
+            self._cond.notify_all()
         for op in ops:  # a preempted request resumes under another sequence id
             if isinstance(op, KvRemove):
                 for sampler in self.samplers:
@@ -509,7 +516,7 @@ def test_abort_during_prefill_frees_the_sequence(make_engine) -> None:
     assert events[0].reason is FinishReason.CANCELLED
     assert events[0].usage.completion_tokens == 0
     assert runner.plans == [] and engine.stats().aborted_steps == 1  # its prefill decode was stopped, not finished
-    _wait_for(lambda: KvRemove(seq_id) in runner.kv.log)
+    runner.wait_for_kv(lambda: KvRemove(seq_id) in runner.kv.log)
     assert engine._scheduler.idle()
     assert sorted(engine._scheduler.kv.free_ids) == list(range(engine._scheduler.n_seq_max))
     assert not runner.kv.seqs.get(seq_id)
@@ -536,7 +543,7 @@ def test_abort_during_decode_frees_the_sequence(make_engine) -> None:
     assert finished.reason is FinishReason.CANCELLED
     assert text_of(events) == "<10><11><12>"  # the 5th decode was stopped: nothing after the abort is sampled
     assert finished.usage.completion_tokens == 3
-    _wait_for(lambda: KvRemove(seq_id) in runner.kv.log)
+    runner.wait_for_kv(lambda: KvRemove(seq_id) in runner.kv.log)
     assert engine._scheduler.idle()
     assert engine.stats().running == 0
     assert runner.samplers[0].closed
@@ -751,12 +758,3 @@ def test_engine_crash_fails_every_request(make_engine) -> None:
     assert not engine.alive
     assert exits and isinstance(exits[0], RuntimeError)
     assert runner.closed
-
-
-def _wait_for(predicate: Callable[[], bool]) -> None:
-    import time
-
-    deadline = time.monotonic() + TIMEOUT
-    while not predicate():
-        assert time.monotonic() < deadline, "condition never became true"
-        time.sleep(0.005)
