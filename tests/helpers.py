@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
+import httpx2
 from httpx_sse import EventSource
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -66,6 +67,39 @@ def sse_events(response: httpx.Response) -> Iterator[tuple[str, str]]:
     as the chat CLI and the load generator read them; comments such as `: keep-alive` are skipped)."""
     for event in EventSource(response).iter_sse():
         yield event.event, event.data
+
+
+class RecordingTransport(httpx2.HTTPTransport):
+    """An httpx2 transport (the anthropic SDK's HTTP library) that keeps the bytes of every response body as its
+    client reads them: a test sees the wire under an SDK that hides part of it (the SDK drops `ping` events)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.received = bytearray()
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = super().handle_request(request)
+        response.stream = _Tee(response.stream, self.received)  # type: ignore[arg-type]
+        return response
+
+
+class _Tee(httpx2.SyncByteStream):
+    def __init__(self, stream: httpx2.SyncByteStream, into: bytearray) -> None:
+        self._stream = stream
+        self._into = into
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self._stream:
+            self._into.extend(chunk)
+            yield chunk
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+def long_prompt(topic: str, entries: int = 160) -> str:
+    """About 2,300 tokens (for 160 entries) that no other test sends: a prefill of several --batch-size chunks."""
+    return " ".join(f"{topic} {i}: the value of slot {i * 37 % 101} is {i * 59 % 997}." for i in range(entries))
 
 
 # Two computations of one greedy answer in different llama_decode batch layouts (prompt KV taken from the

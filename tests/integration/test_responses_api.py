@@ -10,6 +10,7 @@ import agents
 import openai
 
 from edge_llm.testing.server import RunningServer
+from tests.helpers import long_prompt
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The current weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
@@ -52,6 +53,24 @@ def test_streamed_events_come_in_order_and_the_deltas_make_the_answer(client: op
     deltas = "".join(event.delta for event in events if event.type == "response.output_text.delta")
     assert deltas and deltas == events[-1].response.output_text == events[-4].text
     assert events[-1].response.usage.output_tokens > 0
+
+
+def test_a_long_prompt_repeats_in_progress_while_it_is_prefilled(client: openai.OpenAI, model_id: str) -> None:
+    # Codex drops a stream after 300 s without an event (SSE comments do not count): a long prefill must show.
+    with client.responses.stream(model=model_id, input=long_prompt("Ledger") + "\nWhich slot holds 420?",
+                                 max_output_tokens=2, temperature=0) as stream:
+        events = list(stream)  # the SDK's stream helper checks each snapshot's identity as it accumulates
+    final = events[-1].response  # incomplete (max_output_tokens): get_final_response wants a completed one
+    kinds = [event.type for event in events]
+    answer_starts = next(i for i, kind in enumerate(kinds) if kind not in ("response.created", "response.in_progress"))
+    assert kinds[0] == "response.created" and set(kinds[1:answer_starts]) == {"response.in_progress"}
+    assert answer_starts >= 4, kinds  # the opening in_progress and at least two while ~2,300 tokens are computed
+    assert "response.in_progress" not in kinds[answer_starts:]
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    snapshots = [event.response for event in events[:answer_starts]]
+    assert {(snapshot.id, snapshot.status, len(snapshot.output)) for snapshot in snapshots[1:]} == {
+        (final.id, "in_progress", 0)}
+    assert final.usage is not None and final.usage.input_tokens > 2000
 
 
 def test_json_schema_text_format_is_enforced(client: openai.OpenAI, model_id: str) -> None:

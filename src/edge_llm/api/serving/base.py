@@ -23,6 +23,7 @@ from edge_llm.api.params import parse_body
 from edge_llm.api.protocol_llama import LlamaServerFields
 from edge_llm.api.serving.body import request_json
 from edge_llm.api.serving.outcome import ChoiceResult, Generation, prefill_note, usage_info, total_usage, merged_timings, failure_error, engine_unavailable
+from edge_llm.api.serving.progress import PrefillBeats
 from edge_llm.api.protocol_base import SamplingDefaults
 from edge_llm.api.sse import DONE, EventStreamResponse, encode_json_event
 from edge_llm.config import Settings
@@ -290,9 +291,11 @@ class Serving:
         return {"x-request-id": generation.request_id}
 
     def stream(self, generation: Generation, events: AsyncIterator[bytes], headers: dict[str, str] | None = None,
-               *, framing: type[EventStreamResponse] = EventStreamResponse) -> EventStreamResponse:
+               *, framing: type[EventStreamResponse] = EventStreamResponse,
+               beats: PrefillBeats | None = None) -> EventStreamResponse:
         """An SSE response of `events` (or NDJSON: `framing=NdjsonResponse`); the generation is aborted when it ends
-        early (a disconnect, an error)."""
+        early (a disconnect, an error). A long prefill shows as the protocol's own `beats` when it has them, as
+        comment lines otherwise."""
 
         async def guarded() -> AsyncIterator[bytes]:
             try:
@@ -307,7 +310,11 @@ class Serving:
             on_disconnect=lambda: self.abort(generation),
             keepalive_interval=self.settings.sse_keepalive,
         )
-        generation.channel.on_progress = lambda index, progress: response.note(prefill_note(index, progress))
+        if beats is not None:
+            beats.attach(response)
+            generation.channel.on_progress = lambda _index, _progress: beats.beat()
+        else:
+            generation.channel.on_progress = lambda index, progress: response.note(prefill_note(index, progress))
         return response
 
     async def collect(self, request: Request, generation: Generation) -> list[ChoiceResult]:

@@ -31,6 +31,7 @@ from edge_llm.api.protocol_anthropic import (
 )
 from edge_llm.api.serving.outcome import Generation, failure_error
 from edge_llm.api.serving.chat import ChatServing
+from edge_llm.api.serving.progress import PrefillBeats
 from edge_llm.api.sse import encode_json_event
 from edge_llm.engine.types import Failed, Finished, TextDelta
 from edge_llm.prompting.tools import ParsedToolCall, ToolCallParser, forced_call_grammar
@@ -58,7 +59,8 @@ class MessagesServing(ChatServing):
         )
         headers = {**self.headers(generation), "request-id": generation.request_id}  # the SDK reads request-id
         if anthropic.stream:
-            return self.stream(generation, self._events(generation, names), headers=headers)
+            beats = PrefillBeats(lambda: event("ping", {"type": "ping"}))
+            return self.stream(generation, self._events(generation, names, beats), headers=headers, beats=beats)
         result = (await self.collect(request, generation))[0]
         assert result.finished is not None
         return JSONResponse(self._message(generation, result.text, result.finished, names), headers=headers)
@@ -111,9 +113,11 @@ class MessagesServing(ChatServing):
                            finished.usage.cached_tokens),
         }
 
-    async def _events(self, generation: Generation, names: tuple[str, ...]) -> AsyncIterator[bytes]:
-        """Anthropic's event sequence: message_start, ping, content blocks (start, deltas, stop), message_delta
-        with stop_reason and usage, message_stop; an `error` event when the engine fails midway."""
+    async def _events(self, generation: Generation, names: tuple[str, ...], beats: PrefillBeats
+                      ) -> AsyncIterator[bytes]:
+        """Anthropic's event sequence: message_start, ping (again while a long prompt is prefilled), content blocks
+        (start, deltas, stop), message_delta with stop_reason and usage, message_stop; an `error` event when the
+        engine fails midway."""
         blocks = _Blocks()
         parser = ToolCallParser(names) if names else None
         yield event("message_start", {"type": "message_start", "message": {
@@ -122,7 +126,9 @@ class MessagesServing(ChatServing):
             # The cached part of the prompt is known only at the end: message_delta has the final figures.
             "usage": usage(generation.prompt_lengths[0], 0, 0)}})
         yield event("ping", {"type": "ping"})
+        beats.arm()
         async for _, engine_event in generation.channel.choice_events():
+            beats.stop()
             if isinstance(engine_event, TextDelta):
                 text, calls = parser.feed(engine_event.text) if parser else (engine_event.text, [])
                 for data in blocks.add(text, calls):

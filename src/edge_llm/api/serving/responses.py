@@ -20,6 +20,7 @@ from edge_llm.api.params import report_ignored
 from edge_llm.api.protocol_responses import FunctionToolChoice, ResponsesRequest, set_aside_unread
 from edge_llm.api.serving.outcome import Generation, total_usage
 from edge_llm.api.serving.chat import ChatPlan, ChatServing
+from edge_llm.api.serving.progress import PrefillBeats
 from edge_llm.api.serving.responses_events import Event, ResponseBuilder
 from edge_llm.api.serving.stored_responses import Keeper, previous_context, stored_items
 from edge_llm.api.sse import encode_json_event
@@ -86,7 +87,9 @@ class ResponsesServing(ChatServing):
             keeper.start(builder.response("in_progress"))
         parser = ToolCallParser(plan.tools) if plan.tools else None  # with the names: bare JSON calls count too
         if body.stream:
-            return self.stream(generation, self._events(generation, builder, parser, keeper if stored else None))
+            beats = PrefillBeats(lambda: encode(builder.still_in_progress()))
+            return self.stream(generation, self._events(generation, builder, parser, keeper if stored else None, beats),
+                               beats=beats)
         try:
             result = (await self.collect(request, generation))[0]
         except APIError as error:
@@ -103,11 +106,13 @@ class ResponsesServing(ChatServing):
         return JSONResponse(final, headers=self.headers(generation))
 
     async def _events(self, generation: Generation, builder: ResponseBuilder, parser: ToolCallParser | None,
-                      keeper: Keeper | None) -> AsyncIterator[bytes]:
+                      keeper: Keeper | None, beats: PrefillBeats) -> AsyncIterator[bytes]:
         try:
             for event in builder.start():
                 yield encode(event)
+            beats.arm()
             async for _, engine_event in generation.channel.choice_events():
+                beats.stop()
                 if isinstance(engine_event, TextDelta):
                     events = answer_events(builder, parser, engine_event.text)
                 elif isinstance(engine_event, Finished):

@@ -86,6 +86,10 @@ class ResponseBuilder:
         return [self._event("response.created", response=snapshot),
                 self._event("response.in_progress", response=snapshot)]
 
+    def still_in_progress(self) -> Event:
+        """The same snapshot again, while a long prompt is prefilled: the stream shows it moving."""
+        return self._event("response.in_progress", response=self.response("in_progress"))
+
     def text(self, delta: str) -> list[Event]:
         if not delta:
             return []
