@@ -26,6 +26,7 @@ from edge_llm.engine.llama.kv_state import read_sequence_state, write_sequence_s
 from edge_llm.engine.llama.model_facts import embeds_in_chunks, fim_tokens, model_metadata
 from edge_llm.engine.llama.loading import STRLEN_ADDRESS, ModelLoadError, create_context, expected_failure, load_model
 from edge_llm.engine.llama.sampling import Sampler, TokenSampling
+from edge_llm.engine.llama.vocabulary import piece, scan_vocabulary, special_text
 from edge_llm.engine.scheduling.step_plan import KvCopy, KvOp, KvRemove, KvShift, KvTrim
 from edge_llm.engine.scheduling.step_plan import StepPlan
 from edge_llm.engine.types import (
@@ -112,12 +113,14 @@ class LlamaRunner:
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self._n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self._pieces: dict[int, bytes] = {}
-        # Three Python passes over the vocabulary (~0.35 s of CPU on a 150k vocabulary) run beside the context's
-        # creation, which is C work without the GIL: start-up is shorter by about that much (issue 40).
+        # The vocabulary pass (Python, ~0.2 s of CPU on a 150k vocabulary) runs beside the context's creation, which
+        # is C work without the GIL: start-up is shorter by about that much (issue 40).
         with ThreadPoolExecutor(1, thread_name_prefix="edge-llm-vocabulary") as pool:
-            vocabulary = pool.submit(self._scan_vocabulary)
+            scan = pool.submit(scan_vocabulary, self._vocab, self._n_vocab)
             self._ctx = create_context(self._model, _context_params(config))
-            self._end_tokens, self._control, self._longest_token = vocabulary.result()
+            vocabulary = scan.result()
+        self._end_tokens, self._control = vocabulary.end_tokens, vocabulary.control
+        self._longest_token = vocabulary.longest_piece
         if not self._ctx:
             llama_cpp.llama_model_free(self._model)
             raise ModelLoadError(
@@ -200,23 +203,8 @@ class LlamaRunner:
             max_token_bytes=self._longest_token,
         )
 
-    def _scan_vocabulary(self) -> tuple[tuple[int, ...], dict[str, int], int]:
-        """The end-of-generation tokens, the control tokens by their text, and the most bytes of text one token
-        stands for (control tokens' spellings included)."""
-        parsed_only_as_special = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
-        end_tokens = tuple(t for t in range(self._n_vocab) if self.is_end_of_generation(t))
-        control = {text: token for token in range(self._n_vocab)
-                   if llama_cpp.llama_vocab_get_attr(self._vocab, token) & parsed_only_as_special
-                   and (text := self._special_text(token))}
-        buffer = ctypes.create_string_buffer(256)
-        longest = max((abs(llama_cpp.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, True))
-                       for token in range(self._n_vocab)), default=0)  # negative: the length of a longer piece
-        return end_tokens, control, longest
-
     def _special_text(self, token: int) -> str:
-        if token < 0:
-            return ""
-        return self._piece(token, special=True).decode("utf-8", errors="replace")
+        return special_text(self._vocab, token)
 
     @property
     def n_vocab(self) -> int:
@@ -260,12 +248,7 @@ class LlamaRunner:
         return cached
 
     def _piece(self, token: int, *, special: bool) -> bytes:
-        buffer = ctypes.create_string_buffer(64)
-        n = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, special)
-        if n < 0:
-            buffer = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, special)
-        return buffer.raw[:n]
+        return piece(self._vocab, token, special=special)
 
     def is_end_of_generation(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
