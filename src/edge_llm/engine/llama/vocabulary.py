@@ -1,10 +1,9 @@
-"""What the runner needs to know about a whole vocabulary, read in one pass at load: the end-of-generation tokens,
+"""What the runner needs to know about a whole vocabulary, read once at load: the end-of-generation tokens,
 the control tokens by their text, and the most bytes of text one token stands for.
 
 A ctypes call costs about half a microsecond, and the pass runs on the GIL beside the API's import at start-up, so
-it makes one call per token (its attributes) and one more (its stored text) where that can matter; only the few
-tokens that can answer a question are asked it (issue 40: three calls per token took 0.35 s of CPU on a 150k
-vocabulary, this takes about a third):
+it makes two cheap calls per token (its attributes, its stored text), and only the few tokens that can answer a
+question are asked it (issue 40: three calls per token took 0.35 s of CPU on a 150k vocabulary, this about half):
 - end of generation: llama.cpp's set is the tokens it forces to CONTROL by their text, plus the ids the header
   names (eos, eot, eom, FIM pad/rep/sep: llama-vocab.cpp, "maintain a list of tokens that cause end-of-generation"),
   so only tokens that are not plain text, and those ids, are asked (the C API has no getter for eom: an eom that
@@ -17,16 +16,18 @@ vocabulary, this takes about a third):
 from __future__ import annotations
 
 import ctypes
+import heapq
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import llama_cpp
-import numpy as np
 
 logger = logging.getLogger(__name__)
 
 _SPECIAL_ONLY = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN  # parsed only as special
 _PLAIN_TEXT = llama_cpp.LLAMA_TOKEN_ATTR_NORMAL
+_LONGEST_TEXTS = 64  # texts looked at first for the longest piece (the default model needs 22)
 
 
 @dataclass(frozen=True)
@@ -52,22 +53,36 @@ def special_text(vocab: llama_cpp.llama_vocab_p, token: int) -> str:
 
 def scan_vocabulary(vocab: llama_cpp.llama_vocab_p, n_vocab: int) -> VocabularyFacts:
     get_attr, get_text = llama_cpp.llama_vocab_get_attr, llama_cpp.llama_vocab_get_text
-    attributes = [get_attr(vocab, token) for token in range(n_vocab)]
-    text_lengths = np.fromiter((len(get_text(vocab, token) or b"") for token in range(n_vocab)), np.int64, n_vocab)
+    # Nothing of the vocabulary's size is held at once: in this (short-lived) thread, a buffer of 150k lengths left
+    # 3 MB of heap that stayed for the life of the process.
+    not_plain = [(token, attr) for token in range(n_vocab) if (attr := get_attr(vocab, token)) != _PLAIN_TEXT]
 
     named = (llama_cpp.llama_vocab_eos(vocab), llama_cpp.llama_vocab_eot(vocab),
              llama_cpp.llama_vocab_fim_pad(vocab), llama_cpp.llama_vocab_fim_rep(vocab),
              llama_cpp.llama_vocab_fim_sep(vocab))
-    candidates = {token for token, attr in enumerate(attributes) if attr != _PLAIN_TEXT}
+    candidates = {token for token, _ in not_plain}
     candidates.update(token for token in named if 0 <= token < n_vocab)
     end_tokens = tuple(sorted(token for token in candidates if llama_cpp.llama_vocab_is_eog(vocab, token)))
 
-    control = {text: token for token, attr in enumerate(attributes)
-               if attr & _SPECIAL_ONLY and (text := special_text(vocab, token))}
+    control = {text: token for token, attr in not_plain if attr & _SPECIAL_ONLY and (text := special_text(vocab, token))}
 
-    longest = 0
-    for token in np.argsort(-text_lengths, kind="stable").tolist():
-        if text_lengths[token] <= longest:
-            break
-        longest = max(longest, len(piece(vocab, token, special=True)))
+    longest = longest_piece(lambda token: len(get_text(vocab, token) or b""),
+                            lambda token: len(piece(vocab, token, special=True)), n_vocab)
     return VocabularyFacts(end_tokens, control, longest)
+
+
+def longest_piece(text_length: Callable[[int], int], piece_length: Callable[[int], int], n_vocab: int,
+                  first_look: int = _LONGEST_TEXTS) -> int:
+    """The longest piece, measured on the tokens with the longest texts only, from the longest down to a text no
+    longer than the longest piece found (no piece is longer than its text)."""
+    count = first_look
+    while True:
+        longest_texts = heapq.nlargest(count, ((text_length(token), token) for token in range(n_vocab)))
+        longest = 0
+        for length, token in longest_texts:
+            if length <= longest:
+                return longest
+            longest = max(longest, piece_length(token))
+        if len(longest_texts) < count:  # that was every token
+            return longest
+        count *= 16  # every one of those texts was longer than any of their pieces: look further down
