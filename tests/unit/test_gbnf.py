@@ -166,3 +166,94 @@ def test_an_optional_rule_that_can_match_nothing_is_allowed_once_but_not_repeate
     check_grammar_limits('root ::= x? "a"\nx ::= "b"?')
     with pytest.raises(GrammarError, match="repeats something that can match nothing"):
         check_grammar_limits('root ::= x{0,2} "a"\nx ::= "b"?')
+
+
+# ---- the cost model, measured exactly (engine/grammar/gbnf/bounds.py's documented counts) -------------------------
+
+@pytest.mark.parametrize(("grammar", "elements"), [
+    ('root ::= "abc"', 3 + 1),  # a literal: its characters, and the item's end
+    ('root ::= x\nx ::= "a"', (1 + 1) + (1 + 1)),  # a rule reference is one element
+    ('root ::= "ab"{2,5}', (2 * 2 + 3 * (2 + 2)) + 1),  # 2 copies, then 3 optional ones each wrapped in 2 more
+    ('root ::= "ab"{3}', 2 * 3 + 1),
+    ('root ::= "ab"*', (2 * 1 + 1 * (2 + 2)) + 1),  # unbounded: written once, then one optional loop
+    ('root ::= "ab"?', (2 * 1 + 1 * (2 + 2)) + 1),
+    ('root ::= x{0,3}\nx ::= "a"', (1 * 1 + 3 * (1 + 2)) + 1 + (1 + 1)),
+], ids=["literal", "reference", "min-max", "exact", "star", "optional", "optional rule"])
+def test_the_expansion_counts_the_elements_llama_cpp_writes(grammar: str, elements: int) -> None:
+    assert measure(parse_gbnf(grammar)).expanded_elements == elements
+
+
+def test_the_expansion_bound_is_inclusive() -> None:
+    most = f'"{"a" * 1000}"{{1999}} "{"b" * 998}"'  # 1999 × 1000 + 1, then 998 + 1: exactly the bound
+    assert measure(parse_gbnf(f"root ::= {most}")).expanded_elements == MAX_EXPANDED_ELEMENTS
+    with pytest.raises(GrammarError) as refused:
+        check_grammar_limits(f'root ::= {most} "c"')
+    assert str(refused.value) == (f"the grammar expands to {MAX_EXPANDED_ELEMENTS + 2} elements once its repetitions "
+                                  f"are written out (at most {MAX_EXPANDED_ELEMENTS}): use smaller counts")
+
+
+@pytest.mark.parametrize(("grammar", "product"), [
+    ('root ::= "a"', 1),
+    ('root ::= x{2} y{3}\nx ::= "a"{5}\ny ::= "b"{7}', 21),  # the worse of two branches, not their sum
+    ('root ::= x{2} y{3}\nx ::= z{5}\ny ::= z{7}\nz ::= "a"{11}', 3 * 7 * 11),  # a rule reached twice counts both ways
+    ('root ::= x{0,4}\nx ::= "a"', 4),  # an upper count is what nests
+    ('root ::= x* "b"\nx ::= "a"{6}', 6),  # an unbounded repetition counts once
+    ('root ::= "b" | x{10}\nx ::= "a" root{10}', 10),  # recursion does not nest its counts again
+    ('root ::= "a"\nunused ::= "b"{2000}', 1),  # only what the root reaches
+], ids=["none", "two branches", "shared rule", "upper count", "unbounded", "recursion", "unreachable"])
+def test_the_repetition_product_multiplies_counts_through_nesting(grammar: str, product: int) -> None:
+    assert measure(parse_gbnf(grammar)).repetition_product == product
+
+
+def test_the_repetition_product_bound_is_inclusive() -> None:
+    assert measure(parse_gbnf('root ::= x{100}\nx ::= "a"{1000}')).repetition_product == MAX_REPETITION_PRODUCT
+    with pytest.raises(GrammarError) as refused:
+        check_grammar_limits('root ::= x{101}\nx ::= "a"{1000}')
+    assert str(refused.value) == f"grammar rule 'root' nests repetitions whose counts multiply to 101000 (at most " \
+                                 f"{MAX_REPETITION_PRODUCT})"
+
+
+@pytest.mark.parametrize(("grammar", "stacks"), [
+    ('root ::= "a"? "b"', 2),  # an optional terminal, and what follows it
+    ('root ::= "a"{1,3} "b"', 1),  # at least one: what follows is not reached
+    ('root ::= x{1} "b"\nx ::= "a"?', 2),  # a rule that can match nothing, once
+    ('root ::= x x "c"\nx ::= "a"?', 3),
+    ('root ::= x y\nx ::= "a" | ""\ny ::= "b" | ""', 2),  # an empty alternative lets the next rule open its own
+    ('root ::= x "c"\nx ::= y\ny ::= z z\nz ::= "a"?', 3),  # can match nothing through a chain of rules
+    ('root ::= x "c"\nx ::= y "d"\ny ::= "a"?', 2),  # a rule that needs a terminal hides what follows it
+], ids=["optional", "at least one", "once", "twice", "empty alternatives", "nullable chain", "not nullable"])
+def test_the_stacks_count_each_terminal_reachable_at_a_rules_start(grammar: str, stacks: int) -> None:
+    assert measure(parse_gbnf(grammar)).stacks == stacks
+
+
+def test_stacks_multiplied_along_one_alternative_are_bounded_too() -> None:
+    def optional_run(count: int) -> str:  # each optional terminal can be skipped: the first position opens `count`
+        return "root ::= " + " ".join(["x"] * count) + '\nx ::= "a"?'
+
+    assert measure(parse_gbnf(optional_run(MAX_STACKS))).stacks == MAX_STACKS
+    with pytest.raises(GrammarError) as refused:
+        check_grammar_limits(optional_run(MAX_STACKS + 1))
+    assert str(refused.value) == (f"grammar rule 'root' opens more than {MAX_STACKS} parse stacks at once (alternatives "
+                                  "that can match nothing multiply them): llama.cpp would check every token against "
+                                  "each")
+    enum = "root ::= " + " | ".join(f'"v{i}"' for i in range(MAX_STACKS + 1))
+    with pytest.raises(GrammarError) as refused:
+        check_grammar_limits(enum)
+    assert str(refused.value) == (f"grammar rule 'root' opens {MAX_STACKS + 1} parse stacks at once (at most "
+                                  f"{MAX_STACKS}): use fewer alternatives, or fewer that can match nothing")
+
+
+@pytest.mark.parametrize(("grammar", "refused"), [
+    ('root ::= (x)*\nx ::= y z\ny ::= "a"?\nz ::= w*\nw ::= "b"', True),  # nullable through two rules
+    ('root ::= (x)*\nx ::= y z\ny ::= "a"?\nz ::= w+\nw ::= "b"', False),  # one of them needs a "b"
+    ('root ::= (x)*\nx ::= "c" | y\ny ::= z\nz ::= "a"? "b"?', True),  # through its second alternative
+    ('root ::= (x)*\nx ::= y y\ny ::= "a" | z\nz ::= ""', True),  # an empty literal matches nothing
+    ('root ::= (x)*\nx ::= y "c"\ny ::= "a"?', False),
+    ('root ::= x*\nx ::= z y\ny ::= "a"{0,2}\nz ::= y', True),  # waiting on a rule found nullable later
+], ids=["two rules", "one needs text", "second alternative", "empty literal", "needs text", "found later"])
+def test_a_rule_that_can_match_nothing_is_found_through_other_rules(grammar: str, refused: bool) -> None:
+    if refused:
+        with pytest.raises(GrammarError, match="repeats something that can match nothing"):
+            check_grammar_limits(grammar)
+    else:
+        check_grammar_limits(grammar)

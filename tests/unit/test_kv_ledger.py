@@ -1,0 +1,152 @@
+"""The KV ledger (engine/scheduling/kv_ledger.py) against a model of llama.cpp's unified cache cell by cell: a
+sequence holds one cell per position, `seq_cp` tags the source's cells with the destination too, and a cell is in
+use while anybody holds it. Every count the ledger answers must equal the model's, after any series of ops."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from edge_llm.engine.scheduling.kv_ledger import KvLedger
+
+SEQ_IDS = range(4)
+
+
+class CellModel:
+    """Each holder's cells, position by position (a cell is a unique number)."""
+
+    def __init__(self) -> None:
+        self.cells: dict[int, list[int]] = {}
+        self.owned: dict[int, set[int]] = {}  # the cells each holder computed itself, and still may shrink
+        self._next = itertools.count()
+
+    def length(self, seq_id: int) -> int:
+        return len(self.cells.get(seq_id, []))
+
+    def grow(self, seq_id: int, n: int) -> None:
+        new = [next(self._next) for _ in range(max(n, 0))]
+        self.cells.setdefault(seq_id, []).extend(new)
+        self.owned.setdefault(seq_id, set()).update(new)
+
+    def shrinkable(self, seq_id: int) -> int:
+        """How many last positions `seq_id` computed itself and nobody else holds."""
+        held = self.cells.get(seq_id, [])
+        others = {cell for holder, cells in self.cells.items() if holder != seq_id for cell in cells}
+        count = 0
+        for cell in reversed(held):
+            if cell not in self.owned.get(seq_id, set()) or cell in others:
+                break
+            count += 1
+        return count
+
+    def shrink(self, seq_id: int, n: int) -> None:
+        if n > 0:
+            del self.cells[seq_id][-n:]
+
+    def copy(self, src: int, dst: int, length: int) -> None:
+        self.cells[dst] = list(self.cells.get(src, [])[:length])
+        self.owned[dst] = set()
+
+    def drop(self, seq_id: int) -> None:
+        self.cells.pop(seq_id, None)
+        self.owned.pop(seq_id, None)
+
+    def truncate(self, seq_id: int, length: int) -> None:
+        self.cells[seq_id] = self.cells.get(seq_id, [])[:length]
+        self.owned[seq_id] = set()  # what it grows next is new; what it keeps is no longer its to shrink
+
+    def used(self, without: set[int] = frozenset(), truncated: dict[int, int] | None = None) -> int:
+        limits = truncated or {}
+        return len({cell for holder, cells in self.cells.items() if holder not in without
+                    for cell in cells[:limits.get(holder, len(cells))]})
+
+    def other_holders_from(self, seq_id: int, position: int) -> set[int]:
+        mine = set(self.cells.get(seq_id, [])[position:])
+        return {holder for holder, cells in self.cells.items() if holder != seq_id and mine & set(cells)}
+
+
+def check(ledger: KvLedger, model: CellModel, data: st.DataObject) -> None:
+    assert ledger.used == model.used()
+    for seq_id in SEQ_IDS:
+        assert ledger.length(seq_id) == model.length(seq_id)
+        for position in range(model.length(seq_id) + 2):
+            assert ledger.other_holders_from(seq_id, position) == model.other_holders_from(seq_id, position)
+    without = data.draw(st.sets(st.sampled_from(SEQ_IDS)), label="without")
+    truncated = data.draw(st.dictionaries(st.sampled_from(SEQ_IDS), st.integers(0, 12), max_size=2), label="cut")
+    assert ledger.used_without(without, truncated) == model.used(without, truncated)
+    assert ledger.used_without(without) == model.used(without)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_the_ledger_counts_the_cells_llama_cpps_cache_holds(data: st.DataObject) -> None:
+    ledger, model = KvLedger(), CellModel()
+    for _ in range(data.draw(st.integers(1, 10), label="ops")):
+        op = data.draw(st.sampled_from(["grow", "grow", "shrink", "copy", "drop", "truncate"]), label="op")
+        seq_id = data.draw(st.sampled_from(SEQ_IDS), label="seq")
+        if op == "grow":
+            n = data.draw(st.integers(-1, 6), label="n")
+            ledger.grow(seq_id, n)
+            model.grow(seq_id, n)
+        elif op == "shrink":
+            n = data.draw(st.integers(-1, model.shrinkable(seq_id)), label="n")
+            ledger.shrink(seq_id, n)
+            model.shrink(seq_id, n)
+        elif op == "copy":
+            src = data.draw(st.sampled_from(SEQ_IDS), label="src")
+            if src == seq_id or model.length(seq_id):
+                continue
+            length = data.draw(st.integers(0, model.length(src)), label="length")
+            ledger.copy(src, seq_id, length)
+            model.copy(src, seq_id, length)
+        elif op == "drop":
+            ledger.drop(seq_id)
+            model.drop(seq_id)
+        else:
+            length = data.draw(st.integers(0, model.length(seq_id) + 1), label="length")
+            ledger.truncate(seq_id, length)
+            model.truncate(seq_id, length)
+        check(ledger, model, data)
+
+
+def test_a_copy_shares_the_prefix_and_each_holder_grows_its_own_cells() -> None:
+    ledger = KvLedger()
+    ledger.grow(0, 10)
+    ledger.copy(0, 1, 4)
+    assert (ledger.used, ledger.length(1)) == (10, 4)
+    ledger.grow(1, 3)  # 1's own cells: positions 4..6, beside 0's
+    ledger.grow(0, 2)  # 0 still grows its own block
+    assert (ledger.used, ledger.length(0), ledger.length(1)) == (15, 12, 7)
+    assert ledger.other_holders_from(0, 0) == {1} and ledger.other_holders_from(0, 4) == set()
+    assert ledger.used_without({0}) == 7 and ledger.used_without({1}) == 12
+    assert ledger.used_without(set(), {0: 2}) == 2 + 2 + 3  # 0 keeps 2: 1 still holds the shared 4
+
+
+def test_shrink_gives_back_only_the_rejected_cells() -> None:
+    ledger = KvLedger()
+    ledger.grow(0, 5)
+    ledger.shrink(0, 2)
+    assert (ledger.used, ledger.length(0)) == (3, 3)
+    ledger.shrink(0, 3)  # everything it computed: it holds nothing
+    assert (ledger.used, ledger.length(0)) == (0, 0)
+    ledger.grow(0, 1)
+    assert (ledger.used, ledger.length(0)) == (1, 1)
+    ledger.copy(0, 1, 1)
+    ledger.grow(1, 2)
+    with pytest.raises(AssertionError, match="shrinks by 3 cells it did not compute"):
+        ledger.shrink(1, 3)
+    with pytest.raises(AssertionError, match="shrinks cells others hold"):
+        ledger.shrink(0, 1)
+
+
+def test_a_copy_needs_an_empty_destination_and_enough_source() -> None:
+    ledger = KvLedger()
+    ledger.grow(0, 3)
+    ledger.grow(1, 1)
+    with pytest.raises(AssertionError, match="copy into seq 1, which holds cells"):
+        ledger.copy(0, 1, 2)
+    with pytest.raises(AssertionError, match="copy of 4 positions from seq 0 holding 3"):
+        ledger.copy(0, 2, 4)
