@@ -51,3 +51,69 @@ def test_text_that_is_no_call_comes_back_whole(text: str, cuts: list[int]) -> No
     content, calls = run(ToolCallParser(["f"]), parts)
     if not calls:
         assert content == text
+
+
+def splits(text: str) -> list[list[str]]:
+    """The text whole, cut once at every position, and one character at a time (how a stream can deliver it)."""
+    return [[text]] + [[text[:cut], text[cut:]] for cut in range(1, len(text))] + [list(text)]
+
+
+def test_tagged_calls_between_text_come_out_the_same_however_the_stream_is_cut() -> None:
+    answer = ('Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call> and '
+              '<tool_call>{"name": "now", "parameters": {"tz": "UTC"}}</tool_call><tool_call>{"name": "x"}</tool_call>!')
+    for parts in splits(answer):
+        assert run(ToolCallParser(), parts) == ("Let me check.  and !", [
+            ("get_weather", '{"city": "Paris"}'), ("now", '{"tz": "UTC"}'), ("x", "{}")]), parts
+
+
+def test_a_tagged_call_is_handed_out_as_soon_as_it_closes() -> None:
+    parser = ToolCallParser()
+    assert parser.feed("Hi <tool_") == ("Hi ", [])  # a tag's start is held back until it is known
+    assert parser.feed('call>{"name": "a", "arguments": {"k": "é"}}') == ("", [])
+    content, calls = parser.feed("</tool_call> bye")
+    assert content == " bye" and [(c.name, c.arguments) for c in calls] == [("a", '{"k": "é"}')]
+    assert parser.feed("<tool") == ("", []) and parser.finish() == ("<tool", [])  # never a tag: it was text
+
+
+def test_what_is_no_call_inside_tags_goes_through_as_text() -> None:
+    for body in ("not json", '["name", "a"]', '{"name": 3}', '{"arguments": {}}'):
+        answer = f"<tool_call>{body}</tool_call>"
+        for parts in splits(answer):
+            assert run(ToolCallParser(), parts) == (answer, []), parts
+
+
+def test_an_unclosed_tag_is_a_call_if_its_body_parses_and_text_if_not() -> None:
+    assert run(ToolCallParser(), ['x <tool_call>\n {"name": "a", "arguments": "{}"} \n']) == ("x ", [("a", "{}")])
+    assert run(ToolCallParser(), ["x <tool_call>{\"name\": "]) == ("x <tool_call>{\"name\": ", [])
+    assert run(ToolCallParser(["a"]), ['{"name": "a", "arguments": {}} <tool_call>{"name": "b"}']) == (
+        '{"name": "a", "arguments": {}} ', [("b", "{}")])
+
+
+def test_plain_text_with_declared_functions_streams_at_once() -> None:
+    parser = ToolCallParser(["a"])
+    assert parser.feed("  ") == ("", [])  # blank so far: not known yet
+    assert parser.feed(" Hello") == ("   Hello", [])
+    assert parser.feed(" there") == (" there", [])
+    held = ToolCallParser(["a"])
+    assert held.feed(" {") == ("", []) and held.feed('"x": 1}') == ("", [])  # an object: held until the end
+    assert held.finish() == (' {"x": 1}', [])
+
+
+def test_bare_calls_in_a_fence_of_any_language_or_with_blank_lines() -> None:
+    for answer in ('```\n{"name": "a", "arguments": {}}\n```', '```JSON\n{"name": "a", "arguments": {}}```',
+                   '\n{"name": "a", "arguments": {}}\n\n{"name": "a", "arguments": {}}\n'):
+        content, calls = run(ToolCallParser(["a"]), [answer])
+        assert content == "" and calls and all(call == ("a", "{}") for call in calls), answer
+    mixed = '{"name": "a", "arguments": {}}\n{"name": "b", "arguments": {}}'
+    assert run(ToolCallParser(["a"]), [mixed]) == (mixed, [])  # one undeclared: none is a call
+
+
+def test_each_call_has_its_own_openai_id_and_shape() -> None:
+    parser = ToolCallParser(["a"])
+    run(parser, ['{"name": "a", "arguments": {"n": 1}}\n{"name": "a", "arguments": {}}'])
+    first, second = parser.calls
+    assert first.id != second.id and first.id.startswith("call_") and len(first.id) == len("call_") + 24
+    assert first.to_openai() == {"id": first.id, "type": "function", "function": {"name": "a", "arguments": '{"n": 1}'}}
+    assert second.to_openai(1) == {"id": second.id, "type": "function", "index": 1,
+                                   "function": {"name": "a", "arguments": "{}"}}
+    assert first.to_openai(0)["index"] == 0
