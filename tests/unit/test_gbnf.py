@@ -11,6 +11,7 @@ import pytest
 from edge_llm.engine.grammar.gbnf.bounds import (
     MAX_EXPANDED_ELEMENTS,
     MAX_LEFT_CHAIN,
+    MAX_LEFT_PATHS,
     MAX_REPETITION_PRODUCT,
     MAX_STACKS,
     measure,
@@ -221,7 +222,10 @@ def test_the_repetition_product_bound_is_inclusive() -> None:
     ('root ::= x y\nx ::= "a" | ""\ny ::= "b" | ""', 2),  # an empty alternative lets the next rule open its own
     ('root ::= x "c"\nx ::= y\ny ::= z z\nz ::= "a"?', 3),  # can match nothing through a chain of rules
     ('root ::= x "c"\nx ::= y "d"\ny ::= "a"?', 2),  # a rule that needs a terminal hides what follows it
-], ids=["optional", "at least one", "once", "twice", "empty alternatives", "nullable chain", "not nullable"])
+    ('root ::= "a" x x\nx ::= "b"?', 2),  # after the first terminal: rules defined after the one using them
+    ('root ::= ""', 0),  # only the empty text: no terminal to check a token against
+], ids=["optional", "at least one", "once", "twice", "empty alternatives", "nullable chain", "not nullable",
+        "after a terminal", "empty"])
 def test_the_stacks_count_each_terminal_reachable_at_a_rules_start(grammar: str, stacks: int) -> None:
     assert measure(parse_gbnf(grammar)).stacks == stacks
 
@@ -250,10 +254,42 @@ def test_stacks_multiplied_along_one_alternative_are_bounded_too() -> None:
     ('root ::= (x)*\nx ::= y y\ny ::= "a" | z\nz ::= ""', True),  # an empty literal matches nothing
     ('root ::= (x)*\nx ::= y "c"\ny ::= "a"?', False),
     ('root ::= x*\nx ::= z y\ny ::= "a"{0,2}\nz ::= y', True),  # waiting on a rule found nullable later
-], ids=["two rules", "one needs text", "second alternative", "empty literal", "needs text", "found later"])
+    ('root ::= (x)*\nx ::= "a"? "b"', False),  # an optional item does not make the rest optional
+    ('root ::= (z)*\nx ::= y "c"\nz ::= y\ny ::= "a"?', True),  # y's first user needs text, its second not
+], ids=["two rules", "one needs text", "second alternative", "empty literal", "needs text", "found later",
+        "optional then text", "second user"])
 def test_a_rule_that_can_match_nothing_is_found_through_other_rules(grammar: str, refused: bool) -> None:
     if refused:
         with pytest.raises(GrammarError, match="repeats something that can match nothing"):
             check_grammar_limits(grammar)
     else:
         check_grammar_limits(grammar)
+
+
+def test_stacks_opened_after_a_terminal_are_bounded_like_those_at_the_start() -> None:
+    """`"a" x x … x` with optional `x`s: after the "a", every `x` can be skipped, as at a rule's start (this was
+    counted as 1 when the rules came after the one using them)."""
+    def after_a_terminal(count: int) -> str:
+        return 'root ::= "a" ' + " ".join(["x"] * count) + '\nx ::= "b"?'
+
+    assert measure(parse_gbnf(after_a_terminal(MAX_STACKS))).stacks == MAX_STACKS
+    with pytest.raises(GrammarError, match=f"rule 'root' opens more than {MAX_STACKS} parse stacks"):
+        check_grammar_limits(after_a_terminal(MAX_STACKS + 1))
+
+
+def test_the_leftmost_paths_over_every_rule_are_bounded_inclusively() -> None:
+    """Rules that match nothing open no stacks but multiply the leftmost paths llama.cpp's check walks: `b` starts
+    with `e` in 1,000 ways (1 + 1,000 paths), `root` with `b` in `m` ways (1 + 1,001 m); `e` has 1, each `p` 1."""
+    def grammar(m: int, pads: int) -> str:
+        return "\n".join([f"root ::= {' '.join(['b'] * m)}", f"b ::= {' '.join(['e'] * 1000)}", 'e ::= ""']
+                         + [f'p{i} ::= "x"' for i in range(pads)])
+
+    def total(m: int, pads: int) -> int:
+        return (1 + 1001 * m) + 1001 + 1 + pads
+
+    assert total(997, 1000) == MAX_LEFT_PATHS
+    check_grammar_limits(grammar(997, 1000))
+    with pytest.raises(GrammarError) as refused:
+        check_grammar_limits(grammar(997, 1001))
+    assert str(refused.value) == (f"grammar rule 'root' can start in too many ways ({1 + 1001 * 997} leftmost paths; "
+                                  f"at most {MAX_LEFT_PATHS} in all): make alternatives that match nothing explicit")

@@ -164,24 +164,39 @@ def _count_stacks(grammar: Grammar, nullable: list[bool], order: list[int]) -> i
             return opened[item.rule]
         return of(item.item)
 
-    worst = 0
-    for index in order:
+    def rests(alternative: list[Item]) -> list[int]:
+        """The stacks opened from each position to the end of the alternative, right to left."""
+        found, rest = [], 0
+        for item in reversed(alternative):
+            rest = min(_CAP, of(item) + (rest if _item_nullable(item, nullable) else 0))
+            found.append(rest)
+        return found
+
+    def multiplied(index: int) -> GrammarError:
+        return GrammarError(f"grammar rule '{rules[index].name}' opens more than {MAX_STACKS} parse stacks at once "
+                            "(alternatives that can match nothing multiply them): llama.cpp would check every token "
+                            "against each")
+
+    for index in order:  # what a rule opens where it is entered needs only the rules it can start with
         total = 0
         for alternative in rules[index].alternatives:
-            rest = 0  # stacks opened from each position to the end of the alternative, right to left
-            for item in reversed(alternative):
-                rest = min(_CAP, of(item) + (rest if _item_nullable(item, nullable) else 0))
-                worst = max(worst, rest)
-                if worst > MAX_STACKS:
-                    raise GrammarError(f"grammar rule '{rules[index].name}' opens more than {MAX_STACKS} parse "
-                                       "stacks at once (alternatives that can match nothing multiply them): "
-                                       "llama.cpp would check every token against each")
-            total = min(_CAP, total + rest)
+            at_start = rests(alternative)[-1] if alternative else 0
+            if at_start > MAX_STACKS:
+                raise multiplied(index)
+            total = min(_CAP, total + at_start)
         opened[index] = total
-        worst = max(worst, total)
-        if worst > MAX_STACKS:
+        if total > MAX_STACKS:
             raise GrammarError(f"grammar rule '{rules[index].name}' opens {total} parse stacks at once (at most "
                                f"{MAX_STACKS}): use fewer alternatives, or fewer that can match nothing")
+    # The rest of an alternative after its first item also counts the rules it reaches there, which `order` can put
+    # after it: only now is every rule's count known.
+    worst = max(opened, default=0)
+    for index in order:
+        for alternative in rules[index].alternatives:
+            most = max(rests(alternative), default=0)
+            if most > MAX_STACKS:
+                raise multiplied(index)
+            worst = max(worst, most)
     return worst
 
 
