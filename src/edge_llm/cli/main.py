@@ -193,6 +193,10 @@ def _run_server(settings: Settings) -> int:
         registry = build_registry(settings, _engine_factory(settings), default_budget=memory_budget())
     except (ModelSpecError, ValueError) as exc:
         return _fail(str(exc))
+    if not registry.on_demand:
+        # Imported here, first: on the engine thread this import (llama_cpp, ~0.1 s of Python) would share the GIL with
+        # the API's import and start the model load (C, without the GIL) later by as much (issue 40).
+        import edge_llm.engine.llama.runner  # noqa: F401
     registry.preload()  # the model loads on its engine thread while the API is imported and the socket opened
     from edge_llm.api.app import create_app
     from edge_llm.cli.banner import log_banner, log_models_banner
