@@ -22,7 +22,6 @@ from edge_llm.api.protocol_anthropic import (
     tool_input,
     usage,
 )
-from edge_llm.api.security import ApiKeyAuth
 from edge_llm.api.serving.messages import _Blocks, tool_use_block
 from edge_llm.engine.thread.text import OutputText
 from edge_llm.engine.types import Finished, FinishReason, Usage
@@ -30,6 +29,7 @@ from edge_llm.prompting.chat_template import ChatTemplate
 from edge_llm.prompting.prompt import PromptBuilder
 from edge_llm.prompting.tools import ParsedToolCall
 from tests.unit.test_chat_template import SPECIALS, FakeTokenizer, plain
+from tests.unit.test_ops_security import refusal
 from tests.helpers import parse_sse
 
 WEATHER = {"name": "get_weather", "description": "Weather in a city",
@@ -236,9 +236,9 @@ def test_errors_on_the_messages_routes_wear_anthropics_envelope(status: int, kin
 
 
 def test_x_api_key_is_a_key_and_every_credential_given_must_be_one() -> None:
-    auth = ApiKeyAuth(lambda *_: None, ["k1"])  # type: ignore[arg-type]
-    assert auth._check(None, "k1") is None and auth._check("Bearer k1", "k1") is None
-    assert auth._check(None, "k2") == "wrong key"
-    assert auth._check("Bearer k1", "k2") == "wrong key" and auth._check("Bearer k2", "k1") == "wrong key"
-    assert auth._check(None, " ") == "empty x-api-key header"
-    assert auth._check(None, None) == "missing key"
+    keys = ["k1"]
+    assert refusal(keys, None, "k1") is None and refusal(keys, "Bearer k1", "k1") is None
+    assert refusal(keys, None, "k2") == "wrong key"
+    assert refusal(keys, "Bearer k1", "k2") == "wrong key" and refusal(keys, "Bearer k2", "k1") == "wrong key"
+    assert refusal(keys, None, " ") == "empty x-api-key header"
+    assert refusal(keys, None, None) == "missing key"

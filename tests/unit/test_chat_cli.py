@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -35,21 +36,29 @@ def test_commands_change_the_conversation() -> None:
     assert "/reset" in command(conversation, "/help")
 
 
-def client_answering(*chunks: bytes, content_type: str = "text/event-stream") -> ChatClient:
-    """A ChatClient whose server sends `chunks` (split anywhere, as a network may)."""
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, headers={"content-type": content_type}, content=iter(chunks))
+@pytest.fixture
+def client_answering(monkeypatch: pytest.MonkeyPatch) -> Callable[..., ChatClient]:
+    """client_answering(*chunks): a ChatClient whose server sends `chunks` (split anywhere, as a network may); the
+    client's own httpx.Client (its headers and timeouts) over a mock transport."""
+    real_client = httpx.Client
 
-    client = ChatClient("http://chat.test", None)
-    client._client = httpx.Client(transport=httpx.MockTransport(handler))
-    return client
+    def answering(*chunks: bytes, content_type: str = "text/event-stream") -> ChatClient:
+        def handler(request: httpx.Request) -> httpx.Response:
+            return httpx.Response(200, headers={"content-type": content_type}, content=iter(chunks))
+
+        monkeypatch.setattr(httpx, "Client",
+                            lambda **options: real_client(transport=httpx.MockTransport(handler), **options))
+        return ChatClient("http://chat.test", None)
+
+    return answering
 
 
 def delta(text: str) -> str:
     return "data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]})
 
 
-def test_the_stream_is_read_event_by_event_and_comments_are_ignored() -> None:
+def test_the_stream_is_read_event_by_event_and_comments_are_ignored(
+        client_answering: Callable[..., ChatClient]) -> None:
     usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2,
                                       "prompt_tokens_details": {"cached_tokens": 1}}}
     stream = (f": keep-alive\n\n{delta('Hel')}\n\n: keep-alive\n\n{delta('lo')}\n\n"
@@ -61,7 +70,8 @@ def test_the_stream_is_read_event_by_event_and_comments_are_ignored() -> None:
     assert answer.ended is not None
 
 
-def test_an_error_event_and_a_reply_that_is_not_a_stream_are_chat_errors() -> None:
+def test_an_error_event_and_a_reply_that_is_not_a_stream_are_chat_errors(
+        client_answering: Callable[..., ChatClient]) -> None:
     error = b'data: {"error": {"message": "the engine stopped"}}\n\n'
     with pytest.raises(ChatError, match="the engine stopped"):
         client_answering(error).stream({}, Answer(), io.StringIO())

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge_llm.engine.thread.channel import Outbox, ReplyChannel
+from edge_llm.engine.thread.channel import Outbox, Outgoing, ReplyChannel
 from edge_llm.engine.thread.embeddings import EmbeddingQueue
 from edge_llm.engine.types import Embedded, EmbeddingRequest, EmbeddingUnavailableError, Failed, Pooling
 
@@ -42,10 +42,23 @@ def run_scheduled_callbacks(loop: asyncio.AbstractEventLoop) -> None:
     loop.run_forever()
 
 
+class RecordingChannel(ReplyChannel):
+    """A reply channel that also keeps what is delivered to it (through `put`, on its event loop), so that a test
+    reads it without a consumer task."""
+
+    def __init__(self, choices: int = 1, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        super().__init__(choices, loop=loop)
+        self.delivered: list = []
+
+    def put(self, index: int, event: Outgoing) -> None:
+        self.delivered.append(event)
+        super().put(index, event)
+
+
 def channel_events(channel: ReplyChannel) -> list:
-    events = []
-    while not channel._queue.empty():  # noqa: SLF001 - reading what was delivered, without a consumer task
-        events.append(channel._queue.get_nowait()[1])  # noqa: SLF001
+    """What was delivered to a RecordingChannel since the last call."""
+    assert isinstance(channel, RecordingChannel)
+    events, channel.delivered = channel.delivered, []
     return events
 
 
@@ -59,7 +72,7 @@ def test_pooling_over_chunks_equals_pooling_over_the_whole_input(
         inputs: list[list[int]], pooling: Pooling, chunk: int) -> None:
     loop = asyncio.new_event_loop()
     try:
-        channel = ReplyChannel(1, loop=loop)
+        channel = RecordingChannel(1, loop=loop)
         queue = EmbeddingQueue(chunk)
         hidden = FakeHiddenStates()
         queue.add(EmbeddingRequest("r", inputs, pooling), channel)
@@ -86,7 +99,7 @@ def test_pooling_over_chunks_equals_pooling_over_the_whole_input(
 def test_jobs_run_in_order_and_a_cancelled_one_is_dropped() -> None:
     loop = asyncio.new_event_loop()
     try:
-        channels = [ReplyChannel(1, loop=loop) for _ in range(3)]
+        channels = [RecordingChannel(1, loop=loop) for _ in range(3)]
         queue = EmbeddingQueue(8)
         for index, channel in enumerate(channels):
             queue.add(EmbeddingRequest(f"r{index}", [[index + 1] * 20]), channel)
@@ -110,7 +123,7 @@ def test_jobs_run_in_order_and_a_cancelled_one_is_dropped() -> None:
 def test_a_failing_job_fails_alone_and_the_next_one_runs(error: Exception, code: str) -> None:
     loop = asyncio.new_event_loop()
     try:
-        first, second = ReplyChannel(1, loop=loop), ReplyChannel(1, loop=loop)
+        first, second = RecordingChannel(1, loop=loop), RecordingChannel(1, loop=loop)
         queue = EmbeddingQueue(8)
         queue.add(EmbeddingRequest("bad", [[1, 2]]), first)
         queue.add(EmbeddingRequest("good", [[3, 4]]), second)
@@ -124,7 +137,7 @@ def test_a_failing_job_fails_alone_and_the_next_one_runs(error: Exception, code:
         outbox = Outbox()
         while queue.pending:
             queue.step(failing_once, outbox)
-        queue.add(EmbeddingRequest("late", [[5]]), ReplyChannel(1, loop=loop))
+        queue.add(EmbeddingRequest("late", [[5]]), RecordingChannel(1, loop=loop))
         queue.fail_all(outbox, "the server is shutting down", "shutting_down")
         assert not queue.pending
         outbox.flush()

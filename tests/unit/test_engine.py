@@ -64,7 +64,8 @@ class FakeRunner:
         self._entered = 0
         self._cond = threading.Condition()
         self._last_plan: StepPlan | None = None
-        self._decode_calls = 0
+        self.decode_calls = 0  # decode calls let through (gated: those given a permit)
+        self.entered: list[StepPlan] = []  # the plan of every decode call, as it starts (before its gate)
         self._decoding = False
         self.close_thread: str | None = None
         self.abort_flag = False
@@ -112,12 +113,13 @@ class FakeRunner:
     def _decode(self, plan: StepPlan) -> None:
         with self._cond:
             self._entered += 1
+            self.entered.append(plan)
             self._cond.notify_all()
         gate = self._gate
         if gate is not None:
             assert gate.acquire(timeout=TIMEOUT), "test forgot to allow a decode"
-        self._decode_calls += 1
-        error = self.fail_decode(self._decode_calls)
+        self.decode_calls += 1
+        error = self.fail_decode(self.decode_calls)
         if error is not None:
             raise error
         if self.abort_flag:  # as llama.cpp: the batch's cells are not kept
@@ -189,8 +191,7 @@ def make_engine():
     yield make
     for engine, runner in engines:
         runner.open()
-        engine.stop(timeout=TIMEOUT)
-        assert not engine._thread.is_alive()
+        assert engine.stop(timeout=TIMEOUT), "the engine thread did not end"
 
 
 def request(rid: str, seed: int, prompt: list[int] | None = None, max_tokens: int = 16, stop=()) -> GenerationRequest:
@@ -356,7 +357,7 @@ def test_out_of_cells_clears_the_cache_and_retries(make_engine) -> None:
 
     async def main():
         first = await collect(submit(engine, request("a", 1, prompt=[1, 2, 3])))
-        calls = runner._decode_calls
+        calls = runner.decode_calls
         runner.fail_decode = lambda n: OutOfCellsError("full") if n == calls + 1 else None
         second = await collect(submit(engine, request("b", 2, prompt=[7, 8, 9])))
         return first, second
@@ -403,7 +404,7 @@ def test_a_step_whose_every_request_is_cancelled_stops_and_is_taken_back(make_en
     """An editor's stale completion is cancelled while its step decodes: the decode stops (llama.cpp keeps none of
     its cells), the sequence lets that step's positions go, and its cache entry is what the KV cache holds, so the
     next keystroke's request finds its prefix."""
-    runner = FakeRunner({1: [10, 11, 12, 13, 14, 15], 2: [20, 21, EOG]}).gated()
+    runner = FakeRunner({1: [10, 11, 12, 13, 14, 15], 2: [20, 21, EOG], 3: [30, EOG]}).gated()
     engine = make_engine(runner, parallel=2, cache_slots=2)
 
     async def main():
@@ -420,9 +421,16 @@ def test_a_step_whose_every_request_is_cancelled_stops_and_is_taken_back(make_en
     assert last(stale).reason is FinishReason.CANCELLED
     assert last(nxt).reason is FinishReason.STOP and text_of(nxt) == "<20><21>"
     assert engine.stats().aborted_steps == 1
-    entry = next(iter(engine._scheduler.cache.values()))
-    assert runner.kv.seqs[entry.seq_id] == list(entry.tokens)  # the entry holds what the KV cache holds
     assert last(nxt).usage.cached_tokens == 6
+    # The KV cache holds the stale request's prompt and the token decoded before the stopped step, and its cache
+    # entry claims no more: a request going on with the token of the stopped step reuses 7 tokens, not 8.
+    assert [1, 2, 3, 4, 5, 6, 10] in runner.kv.seqs.values()
+
+    async def going_on() -> list:
+        return await collect(submit(engine, request("after", 3, prompt=[1, 2, 3, 4, 5, 6, 10, 11, 12])))
+
+    after = asyncio.run(going_on())
+    assert last(after).usage.cached_tokens == 7 and text_of(after) == "<30>"
 
 
 def test_a_step_with_a_request_still_wanted_runs_to_its_end(make_engine) -> None:
@@ -481,11 +489,11 @@ def test_abort_while_waiting(make_engine) -> None:
         b = submit(engine, request("b", 2))
         runner.allow(1)
         runner.wait_blocked(2)  # b has been added to the scheduler and waits behind a
-        assert [q.request_id for q in engine._scheduler.waiting] == ["b"]
+        assert engine.stats().waiting == 1 and engine.stats().running == 1
         engine.abort("b")
         runner.allow(1)
         runner.wait_blocked(3)
-        assert not engine._scheduler.waiting
+        assert engine.stats().waiting == 0
         runner.open()
         return await collect(a), await collect(b)
 
@@ -495,7 +503,8 @@ def test_abort_while_waiting(make_engine) -> None:
     assert b[0].reason is FinishReason.CANCELLED
     assert b[0].usage.completion_tokens == 0
     assert runner.samplers[1].closed and runner.samplers[1].samples == 0
-    assert all("b" != q.request_id for q in engine._scheduler.running)
+    assert engine.stats().running == 0 and engine.stats().waiting == 0
+    assert all(len(set(plan.seq_ids)) == 1 for plan in runner.entered)  # b never ran beside a
 
 
 def test_abort_during_prefill_frees_the_sequence(make_engine) -> None:
@@ -505,7 +514,7 @@ def test_abort_during_prefill_frees_the_sequence(make_engine) -> None:
     async def main():
         a = submit(engine, request("a", 1, prompt=list(range(1, 13))))  # prompt[:-1]: chunks of 4, 4, 3
         runner.wait_blocked(1)
-        seq_id = engine._scheduler.running[0].seq_id
+        (seq_id,) = set(runner.entered[0].seq_ids)  # the prefill's first chunk, blocked in decode
         engine.abort("a")
         runner.allow(1)
         events = await collect(a)
@@ -517,8 +526,8 @@ def test_abort_during_prefill_frees_the_sequence(make_engine) -> None:
     assert events[0].usage.completion_tokens == 0
     assert runner.plans == [] and engine.stats().aborted_steps == 1  # its prefill decode was stopped, not finished
     runner.wait_for_kv(lambda: KvRemove(seq_id) in runner.kv.log)
-    assert engine._scheduler.idle()
-    assert sorted(engine._scheduler.kv.free_ids) == list(range(engine._scheduler.n_seq_max))
+    stats = engine.stats()
+    assert (stats.running, stats.waiting, stats.cached_sequences, stats.kv_cells_used) == (0, 0, 0, 0)
     assert not runner.kv.seqs.get(seq_id)
 
 
@@ -533,7 +542,7 @@ def test_abort_during_decode_frees_the_sequence(make_engine) -> None:
         # the 5th decode waits
         runner.wait_blocked(5)
         assert [len(p.samples) for p in runner.plans] == [0, 1, 1, 1]
-        seq_id = engine._scheduler.running[0].seq_id
+        (seq_id,) = set(runner.entered[-1].seq_ids)  # the 5th decode, blocked
         engine.abort("a")
         runner.allow(1)
         return seq_id, await collect(a)
@@ -544,8 +553,8 @@ def test_abort_during_decode_frees_the_sequence(make_engine) -> None:
     assert text_of(events) == "<10><11><12>"  # the 5th decode was stopped: nothing after the abort is sampled
     assert finished.usage.completion_tokens == 3
     runner.wait_for_kv(lambda: KvRemove(seq_id) in runner.kv.log)
-    assert engine._scheduler.idle()
-    assert engine.stats().running == 0
+    stats = engine.stats()
+    assert (stats.running, stats.waiting, stats.kv_cells_used) == (0, 0, 0)
     assert runner.samplers[0].closed
 
 
@@ -591,7 +600,7 @@ def test_stop_fails_pending_requests(make_engine) -> None:
         assert isinstance(failed, Failed)
         assert failed.code == "shutting_down"
         assert "shutting down" in failed.message
-    engine._thread.join(TIMEOUT)
+    assert engine.stop(timeout=TIMEOUT), "the engine thread did not end"  # it was ending: stop() waits for it
     assert runner.closed
     assert all(s.closed for s in runner.samplers)
     assert exits == [None]
@@ -612,7 +621,7 @@ def test_stop_that_times_out_during_a_decode_frees_the_model_only_after_it(make_
 
     events = asyncio.run(main())
     assert isinstance(last(events), Failed) and last(events).code == "shutting_down"
-    engine._thread.join(TIMEOUT)
+    assert engine.stop(timeout=TIMEOUT), "the engine thread did not end"  # it was ending: stop() waits for it
     assert runner.closed and runner.closed_during_decode is False
     assert runner.close_thread == "edge-llm-engine"
     assert all(s.closed for s in runner.samplers)
@@ -654,6 +663,8 @@ def test_a_submit_caught_by_stop_is_answered_or_refused_never_lost() -> None:
     proceed = threading.Event()  # stop() waits for the submit, or the engine thread has already ended
     runner = FakeRunner({1: [EOG]})
     engine = Engine(lambda: runner, n_ctx=256, batch_size=64, parallel=1, cache_slots=0, queue_capacity=8)
+    # The window between submit's checks and its put cannot be reached from outside: the engine's lock and inbox are
+    # swapped for ones that stop there (the only test that writes the engine's private state).
     engine._lock = _ContendedLock(proceed)
     engine._inbox = inbox = _PausingInbox()
     engine.set_exit_handler(lambda error: proceed.set())
@@ -722,7 +733,7 @@ def test_runner_factory_failure(make_engine) -> None:
     engine = Engine(boom, n_ctx=64, batch_size=16, parallel=1, cache_slots=0, queue_capacity=1)
     engine.start()
     assert engine.wait_loaded(TIMEOUT)
-    engine._thread.join(TIMEOUT)
+    assert engine.stop(timeout=TIMEOUT), "the engine thread did not end"  # it was ending: stop() waits for it
     assert not engine.ready and not engine.alive
     assert isinstance(engine.failure, RuntimeError)
     seen = []
@@ -753,7 +764,7 @@ def test_engine_crash_fails_every_request(make_engine) -> None:
         assert isinstance(last(events), Failed)
         assert last(events).code == "engine_unavailable"
         assert "stopped unexpectedly" in last(events).message
-    engine._thread.join(TIMEOUT)
+    assert engine.stop(timeout=TIMEOUT), "the engine thread did not end"  # it was ending: stop() waits for it
     assert isinstance(engine.failure, RuntimeError)
     assert not engine.alive
     assert exits and isinstance(exits[0], RuntimeError)

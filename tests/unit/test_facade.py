@@ -136,7 +136,8 @@ def test_vocabulary_work_runs_in_the_tokenizer_thread_until_close() -> None:
     async def run() -> None:
         thread = await client.in_tokenizer_thread(lambda: threading.current_thread().name)
         assert thread.startswith("edge-llm-tokenizer")
-        client._tokenizer_lane._pool.shutdown()  # as close() does first, the engine still running
+        (close_tokenizer,) = engine.hooks  # the engine runs it before it frees the model; here, it still runs
+        close_tokenizer()
         with pytest.raises(EngineUnavailableError, match="not running"):
             await client.in_tokenizer_thread(lambda: None)
 

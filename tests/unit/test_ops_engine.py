@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 from edge_llm.api.app import create_app
 from edge_llm.config import Settings
 from edge_llm.engine.thread.channel import ReplyChannel
+from edge_llm.engine import facade
 from edge_llm.engine.facade import EngineClient
 from edge_llm.engine.scheduling.step_plan import StepPlan
 from edge_llm.engine.types import (
@@ -27,6 +29,7 @@ from edge_llm.engine.types import (
     TextDelta,
     Usage,
 )
+from edge_llm.engine.thread import worker
 from edge_llm.engine.thread.worker import Engine
 
 
@@ -39,18 +42,34 @@ class LlamaFailure(RuntimeError):
     """A failure inside llama.cpp, which the engine thread does not survive."""
 
 
+class SteppingClock:
+    """The engine thread's clock for a deadline test: time moves only when the fake model takes a step, so a deadline
+    falls after a known number of steps however fast or busy the machine is."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
 class SlowRunner:
     """Every decode takes `step` seconds; every sample is token 1 ("a"); nothing ever ends by itself. Once `broken`
-    is set, its next decode fails as llama.cpp would (the engine thread dies)."""
+    is set, its next decode fails as llama.cpp would (the engine thread dies). With a `clock`, a decode moves that
+    clock by `step` instead of taking real time."""
 
-    def __init__(self, step: float = 0.01) -> None:
+    def __init__(self, step: float = 0.01, clock: SteppingClock | None = None) -> None:
         self.step = step
+        self.clock = clock
         self.broken = threading.Event()
 
     def decode(self, plan: StepPlan) -> None:
         if self.broken.is_set():
             raise LlamaFailure("llama_decode failed")
-        time.sleep(self.step)
+        if self.clock is not None:
+            self.clock.now += self.step
+        else:
+            time.sleep(self.step)  # the fake model's speed (tests cancel a generation that runs), not a wait
 
     def arm_abort(self) -> None:  # its steps are short: a cancelled one runs to its end
         pass
@@ -145,8 +164,10 @@ async def collect(channel: ReplyChannel, limit: float = 10) -> list[EngineEvent]
     return events
 
 
-def test_a_request_past_its_deadline_ends_with_timeout_and_keeps_its_output() -> None:
-    engine, recorder = make_engine(request_timeout=0.3, keep_text=True)
+def test_a_request_past_its_deadline_ends_with_timeout_and_keeps_its_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = SteppingClock()
+    monkeypatch.setattr(worker, "time", clock)  # the engine thread's deadlines read this clock
+    engine, recorder = make_engine(request_timeout=0.3, keep_text=True, runner=SlowRunner(0.01, clock))
 
     async def run() -> list[EngineEvent]:
         channel = ReplyChannel()
@@ -154,15 +175,14 @@ def test_a_request_past_its_deadline_ends_with_timeout_and_keeps_its_output() ->
         return await collect(channel)
 
     try:
-        started = time.monotonic()
         events = asyncio.run(run())
-        assert time.monotonic() - started < 3
     finally:
         engine.stop()
     finished = events[-1]
     assert isinstance(finished, Finished) and finished.reason is FinishReason.TIMEOUT
     text = "".join(e.text for e in events if isinstance(e, TextDelta))
-    assert text and finished.usage.completion_tokens == len(text)
+    # 0.3 s of 0.01 s steps: the prefill's token and one a step until the deadline (give or take float rounding)
+    assert 29 <= len(text) <= 32 and finished.usage.completion_tokens == len(text)
     assert recorder.named("admitted") == [("late", 3, 0)]
     assert recorder.named("first_token") == [("late",)]
     assert len(recorder.named("gap")) == finished.usage.completion_tokens - 1
@@ -314,8 +334,8 @@ class TokenizingRunner(SlowRunner):
 class WatchedPool(ThreadPoolExecutor):
     """The tokenizer pool, telling when a shutdown starts waiting for its thread."""
 
-    def __init__(self, waited_for: threading.Event) -> None:
-        super().__init__(max_workers=1, thread_name_prefix="edge-llm-tokenizer")
+    def __init__(self, waited_for: threading.Event, **options: Any) -> None:
+        super().__init__(**options)
         self.waited_for = waited_for
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
@@ -324,20 +344,39 @@ class WatchedPool(ThreadPoolExecutor):
         super().shutdown(wait=wait, cancel_futures=cancel_futures)
 
 
-def _app_with(runner: SlowRunner) -> tuple[Any, Engine]:
+def watch_the_tokenizer_pool(monkeypatch: pytest.MonkeyPatch, waited_for: threading.Event) -> None:
+    """The facade's tokenizer thread pool, made from now on, is a WatchedPool (the others stay as they are)."""
+    def pool(**options: Any) -> ThreadPoolExecutor:
+        if options.get("thread_name_prefix") == "edge-llm-tokenizer":
+            return WatchedPool(waited_for, **options)
+        return ThreadPoolExecutor(**options)
+
+    monkeypatch.setattr(facade, "ThreadPoolExecutor", pool)
+
+
+def _app_with(runner: SlowRunner, close_hooks: list[Callable[[], None]] | None = None) -> tuple[Any, Engine]:
+    """The app over an engine of `runner`; `close_hooks` gets every hook added to the engine's close (the facade's
+    closing of its tokenizer thread)."""
     engine = Engine(lambda: runner, n_ctx=4096, batch_size=64, parallel=2, cache_slots=0, queue_capacity=8)
+    if close_hooks is not None:
+        add = engine.add_close_hook
+
+        def add_and_keep(hook: Callable[[], None]) -> None:
+            close_hooks.append(hook)
+            add(hook)
+
+        engine.add_close_hook = add_and_keep  # type: ignore[method-assign]
     app = create_app(Settings(), EngineClient(engine), on_fatal=lambda: None)
     return app, engine
 
 
 @pytest.mark.parametrize("ending", ["app shutdown", "engine stop (the drain)", "engine death"])
-def test_the_model_is_freed_only_after_the_tokenizer_thread_is_done(ending: str) -> None:
+def test_the_model_is_freed_only_after_the_tokenizer_thread_is_done(ending: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     waited_for = threading.Event()
     runner = TokenizingRunner(waited_for)
+    watch_the_tokenizer_pool(monkeypatch, waited_for)
     app, engine = _app_with(runner)
-    client = app.state.engine
-    client._tokenizer_lane._pool.shutdown()
-    client._tokenizer_lane._pool = WatchedPool(waited_for)
 
     async def run() -> httpx.Response:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
@@ -361,13 +400,15 @@ def test_the_model_is_freed_only_after_the_tokenizer_thread_is_done(ending: str)
 
 def test_tokenizer_work_after_the_pool_closed_gets_503() -> None:
     runner = TokenizingRunner(threading.Event())
-    app, engine = _app_with(runner)
+    close_hooks: list[Callable[[], None]] = []
+    app, engine = _app_with(runner, close_hooks)
 
     async def run() -> httpx.Response:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
             async with app.router.lifespan_context(app):
                 assert await asyncio.to_thread(engine.wait_loaded, 5)
-                app.state.engine._close_tokenizer()  # as EngineClient.close does first; the engine still runs
+                (close_tokenizer,) = close_hooks  # as EngineClient.close does first; the engine still runs
+                close_tokenizer()
                 return await client.post("/tokenize", json={"content": "hello"})
 
     response = asyncio.run(run())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
@@ -51,14 +52,57 @@ def test_origins() -> None:
     assert guard(origins=["*"]).origin_allowed("http://any.example", None)
 
 
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def refusal(keys: list[str], authorization: str | None = None, api_key: str | None = None) -> str | None:
+    """Why ApiKeyAuth refuses a request with these headers (a 401), as its warning line says; None when it lets the
+    request through to the app."""
+    headers = [(name.encode(), value.encode("latin-1")) for name, value in (("authorization", authorization),
+                                                                  ("x-api-key", api_key)) if value is not None]
+    scope = {"type": "http", "method": "GET", "path": "/v1/models", "query_string": b"", "headers": headers,
+             "client": ("127.0.0.1", 50000), "state": {}}
+    reached: list[bool] = []
+    sent: list[dict] = []
+
+    async def app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        reached.append(True)
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    records = _Records()
+    security_log = logging.getLogger("edge_llm.api.security")
+    security_log.addHandler(records)
+    try:
+        asyncio.run(ApiKeyAuth(app, keys)(scope, receive, send))
+    finally:
+        security_log.removeHandler(records)
+    if reached:
+        assert not sent and not records.messages
+        return None
+    assert sent[0]["status"] == 401
+    (line,) = [m for m in records.messages if m.startswith("authentication failed: ")]
+    return line.removeprefix("authentication failed: ")
+
+
 def test_key_check() -> None:
-    auth = ApiKeyAuth(_app, ["k1", "k2"])
-    assert auth._check("Bearer k1") is None and auth._check("bearer  k2 ") is None
-    assert auth._check(None) == "missing key"
-    assert auth._check("Bearer k3") == "wrong key"
-    assert auth._check("Bearer k1x") == "wrong key"
-    assert auth._check("Basic k1") == "malformed Authorization header"
-    assert auth._check("Bearer") == "malformed Authorization header"
+    keys = ["k1", "k2"]
+    assert refusal(keys, "Bearer k1") is None and refusal(keys, "bearer  k2 ") is None
+    assert refusal(keys) == "missing key"
+    assert refusal(keys, "Bearer k3") == "wrong key"
+    assert refusal(keys, "Bearer k1x") == "wrong key"
+    assert refusal(keys, "Basic k1") == "malformed Authorization header"
+    assert refusal(keys, "Bearer") == "malformed Authorization header"
 
 
 def test_load_api_keys(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from edge_llm.engine.thread.channel import Outbox, ReplyChannel
+from edge_llm.engine.thread.channel import Outbox, Outgoing, ReplyChannel
 from edge_llm.engine.types import Finished, FinishReason, TextDelta, Usage
 
 
@@ -50,9 +50,15 @@ def test_a_steps_events_arrive_in_order_with_one_wake_up() -> None:
 
 def test_a_closed_event_loop_is_skipped_quietly() -> None:
     loop = asyncio.new_event_loop()
-    channel = ReplyChannel(loop=loop)
+    delivered: list[Outgoing] = []
+
+    class Recording(ReplyChannel):
+        def put(self, index: int, event: Outgoing) -> None:
+            delivered.append(event)
+
+    channel = Recording(loop=loop)
     loop.close()  # the client's side is gone
     outbox = Outbox()
     outbox.add(channel, TextDelta("a", 1))
     outbox.flush()  # no error reaches the engine thread
-    assert channel._queue.empty()
+    assert delivered == []
