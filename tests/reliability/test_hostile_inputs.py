@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from edge_llm.api.protocol import ChatCompletionRequest, SimplePromptRequest
+from edge_llm.api.protocol.openai_chat import ChatCompletionRequest, SimplePromptRequest
 from edge_llm.testing.server import RunningServer, run_server
 from tests.reliability.support import (
     CHAT,

@@ -14,7 +14,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from edge_llm.api.errors import APIError, speaks_anthropic
 from edge_llm.api.middleware import _error_code
-from edge_llm.api.protocol_anthropic import (
+from edge_llm.api.protocol.anthropic import (
     CountTokensRequest,
     MessagesRequest,
     set_aside_server_tools,

@@ -1,4 +1,4 @@
-"""Request validation (api/protocol.py) and the OpenAI error envelope (api/errors.py)."""
+"""Request validation (api/protocol/) and the OpenAI error envelope (api/errors.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pydantic import ValidationError
 
 from edge_llm.api.errors import APIError, from_engine_error, from_pydantic, from_validation_errors
 from edge_llm.api.params import ignored_fields_header, take_unknown
-from edge_llm.api.protocol import MAX_STOP_STRINGS, ChatCompletionRequest, SimplePromptRequest
-from edge_llm.api.protocol_base import SamplingDefaults
+from edge_llm.api.protocol.common import MAX_STOP_STRINGS, SamplingDefaults
+from edge_llm.api.protocol.openai_chat import ChatCompletionRequest, SimplePromptRequest
 from edge_llm.prompting.chat_template import TemplateError
 from edge_llm.engine.types import EngineUnavailableError, QueueFullError
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from edge_llm.api.protocol_responses import ResponsesRequest
+from edge_llm.api.protocol.responses import ResponsesRequest
 from edge_llm.api.response_store import ResponseStore, ResponseStoreCollector, StoredResponse, key_owner
 from edge_llm.api.serving.stored_responses import stored_items
 

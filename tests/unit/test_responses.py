@@ -11,8 +11,8 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter, ValidationError
 
 from edge_llm.api.errors import APIError
-from edge_llm.api.protocol import ChatCompletionRequest
-from edge_llm.api.protocol_responses import ResponsesRequest, set_aside_unread
+from edge_llm.api.protocol.openai_chat import ChatCompletionRequest
+from edge_llm.api.protocol.responses import ResponsesRequest, set_aside_unread
 from edge_llm.api.serving.responses import answer_events, encode, refuse_unsupported
 from edge_llm.api.serving.responses_events import ResponseBuilder
 from edge_llm.engine.types import Usage

@@ -21,15 +21,16 @@ from edge_llm import __version__
 from edge_llm.api.errors import register_error_handlers
 from edge_llm.api.lifecycle import Lifecycle
 from edge_llm.api.middleware import BodySizeLimit, HeaderLimit, RequestContext, ShutdownGate
-from edge_llm.api.protocol import ChatCompletionRequest, CompletionRequest, SimplePromptRequest
-from edge_llm.api.protocol_models import ModelLoadRequest
-from edge_llm.api.protocol_ollama_models import CopyRequest, DeleteRequest, PullRequest, ShowRequest
-from edge_llm.api.protocol_tokenization import DetokenizeRequest, TokenizeRequest
-from edge_llm.api.protocol_llama import InfillRequest, NativeCompletionRequest
-from edge_llm.api.protocol_responses import ResponsesRequest
-from edge_llm.api.protocol_embeddings import EmbeddingsRequest
-from edge_llm.api.protocol_anthropic import CountTokensRequest, MessagesRequest
-from edge_llm.api.protocol_ollama import (
+from edge_llm.api.protocol.openai_chat import ChatCompletionRequest, SimplePromptRequest
+from edge_llm.api.protocol.openai_completions import CompletionRequest
+from edge_llm.api.protocol.models import ModelLoadRequest
+from edge_llm.api.protocol.ollama_models import CopyRequest, DeleteRequest, PullRequest, ShowRequest
+from edge_llm.api.protocol.tokenization import DetokenizeRequest, TokenizeRequest
+from edge_llm.api.protocol.llama_server import InfillRequest, NativeCompletionRequest
+from edge_llm.api.protocol.responses import ResponsesRequest
+from edge_llm.api.protocol.embeddings import EmbeddingsRequest
+from edge_llm.api.protocol.anthropic import CountTokensRequest, MessagesRequest
+from edge_llm.api.protocol.ollama import (
     OllamaChatRequest,
     OllamaEmbeddingsRequest,
     OllamaEmbedRequest,

@@ -14,8 +14,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from edge_llm.api.protocol import ErrorDetail, ErrorResponse
-from edge_llm.api.protocol_anthropic import AnthropicErrorDetail, AnthropicErrorResponse
+from edge_llm.api.protocol.errors import AnthropicErrorDetail, AnthropicErrorResponse, ErrorDetail, ErrorResponse
 from edge_llm.prompting.chat_template import TemplateError
 from edge_llm.engine.types import EngineUnavailableError, QueueFullError
 

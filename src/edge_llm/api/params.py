@@ -4,7 +4,7 @@ refuses them with a 400 instead).
 Clients written for other servers send keys this one does not know, at every depth: llama-server's `id_slot` and
 `samplers`, vLLM's `use_beam_search`, an SDK's `annotations` and `refusal` on an echoed assistant message,
 `cache_control` on a content part, llama.vscode's `time` on an `input_extra` chunk. Request models keep them aside
-while validating (`protocol_base.RequestModel`); `take_unknown` then collects their dotted paths and drops them. The
+while validating (`protocol.common.RequestModel`); `take_unknown` then collects their dotted paths and drops them. The
 paths are logged and named in the `X-Edge-LLM-Ignored-Fields` response header, which the request middleware adds
 from the list this module keeps for the request in flight.
 """

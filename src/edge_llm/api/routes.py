@@ -9,9 +9,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from edge_llm.api.errors import APIError
-from edge_llm.api.protocol import ChatCompletionRequest, ErrorResponse
-from edge_llm.api.protocol_answers import ChatCompletion, Completion
-from edge_llm.api.protocol_models import (
+from edge_llm.api.protocol.errors import AnthropicErrorResponse, ErrorResponse
+from edge_llm.api.protocol.openai_chat import ChatCompletionRequest
+from edge_llm.api.protocol.openai_answers import ChatCompletion, Completion
+from edge_llm.api.protocol.models import (
     AnthropicModelInfo,
     AnthropicModelList,
     ModelCard,
@@ -20,7 +21,7 @@ from edge_llm.api.protocol_models import (
     anthropic_models,
     speaks_anthropic_models,
 )
-from edge_llm.api.protocol_embeddings import EmbeddingsResponse
+from edge_llm.api.protocol.embeddings import EmbeddingsResponse
 from edge_llm.api.model_routing import with_model
 from edge_llm.api.serving import (
     ChatServing,
@@ -250,7 +251,7 @@ async def response_input_items(response_id: str, request: Request) -> Response:
 
 # ---- Anthropic's Messages API (errors in Anthropic's envelope: api/errors.py chooses it by path) ----------------
 
-from edge_llm.api.protocol_anthropic import AnthropicErrorResponse, CountTokensResponse, MessageResponse  # noqa: E402
+from edge_llm.api.protocol.anthropic import CountTokensResponse, MessageResponse  # noqa: E402
 from edge_llm.api.serving.messages import MessagesServing  # noqa: E402
 
 _ANTHROPIC_ERRORS = {status: {"model": AnthropicErrorResponse} for status in (400, 401, 404, 413, 503)}

@@ -10,11 +10,11 @@ from fastapi.responses import JSONResponse, Response
 
 from edge_llm.api.errors import APIError
 from edge_llm.api.model_routing import keep_alive_of, unknown_model, with_model
-from edge_llm.api.protocol_ollama import (
+from edge_llm.api.protocol.errors import OllamaErrorResponse
+from edge_llm.api.protocol.ollama import (
     OllamaChatResponse,
     OllamaEmbeddingsResponse,
     OllamaEmbedResponse,
-    OllamaErrorResponse,
     OllamaGenerateResponse,
 )
 from edge_llm.api.routes import _json_body as json_body

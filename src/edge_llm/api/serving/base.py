@@ -20,11 +20,11 @@ from pydantic import BaseModel
 from edge_llm.api.errors import APIError, from_engine_error, invalid_request
 from edge_llm.api.limits import cap_max_tokens, check_prompt_tokens
 from edge_llm.api.params import parse_body
-from edge_llm.api.protocol_llama import LlamaServerFields
+from edge_llm.api.protocol.llama_server import LlamaServerFields
 from edge_llm.api.serving.body import request_json
 from edge_llm.api.serving.outcome import ChoiceResult, Generation, prefill_note, usage_info, total_usage, merged_timings, failure_error, engine_unavailable
 from edge_llm.api.serving.progress import PrefillBeats
-from edge_llm.api.protocol_base import SamplingDefaults
+from edge_llm.api.protocol.common import SamplingDefaults
 from edge_llm.api.sse import DONE, EventStreamResponse, encode_json_event
 from edge_llm.config import Settings
 from edge_llm.engine.facade import EngineClient, GrammarError

@@ -19,8 +19,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from edge_llm.api.errors import invalid_request
-from edge_llm.api.protocol import ChatCompletionRequest, NamedToolChoice, SimplePromptRequest
-from edge_llm.api.protocol_answers import new_completion_id
+from edge_llm.api.protocol.openai_chat import ChatCompletionRequest, NamedToolChoice, SimplePromptRequest
+from edge_llm.api.protocol.openai_answers import new_completion_id
 from edge_llm.api.serving.base import Serving
 from edge_llm.api.serving.outcome import ChoiceResult, Generation, error_body, piece_text, usage_info
 from edge_llm.api.sse import encode_event, encode_json_event

@@ -12,8 +12,8 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from edge_llm.api.protocol import CompletionRequest
-from edge_llm.api.protocol_answers import new_completion_id
+from edge_llm.api.protocol.openai_completions import CompletionRequest
+from edge_llm.api.protocol.openai_answers import new_completion_id
 from edge_llm.api.serving.base import Serving
 from edge_llm.api.serving.outcome import ChoiceResult, Generation, error_body, piece_text
 from edge_llm.api.sse import encode_json_event

@@ -15,7 +15,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from edge_llm.api.errors import from_engine_error, invalid_request
-from edge_llm.api.protocol_embeddings import MAX_INPUTS, MAX_REQUEST_TOKENS, EmbeddingsRequest
+from edge_llm.api.protocol.embeddings import MAX_INPUTS, MAX_REQUEST_TOKENS, EmbeddingsRequest
 from edge_llm.api.serving.base import Serving
 from edge_llm.api.serving.outcome import engine_unavailable, failure_error
 from edge_llm.engine.types import (
@@ -43,7 +43,7 @@ class EmbeddingServing(Serving):
         inputs = await self.token_inputs(body.input, info)
         request_id, event = await self.embed(request, inputs, info)
         # Plain dicts, not the pydantic models: 2,048 vectors of ~900 floats validated one by one would hold up the
-        # event loop (protocol_embeddings documents the shape).
+        # event loop (protocol/embeddings.py documents the shape).
         data = [{"object": "embedding", "index": i, "embedding": _encoded(vector, body.encoding_format)}
                 for i, vector in enumerate(event.vectors)]
         usage = {"prompt_tokens": event.prompt_tokens, "total_tokens": event.prompt_tokens}

@@ -18,11 +18,11 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from edge_llm.api.protocol_llama import InfillRequest, NativeGeneration
+from edge_llm.api.protocol.llama_server import InfillRequest, NativeGeneration
 from edge_llm.api.serving.base import Serving
 from edge_llm.api.serving.outcome import Generation, error_body, failure_error
 from edge_llm.api.sse import encode_json_event
-from edge_llm.api.protocol_base import SamplingDefaults
+from edge_llm.api.protocol.common import SamplingDefaults
 from edge_llm.engine.types import Failed, Finished, FinishReason, PrefillProgress, TextDelta, TokenLogprob
 from edge_llm.prompting.fim import EditorCut, ExtraFile, infill_prompt, suffix_echo_stop
 

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 
 from edge_llm.api.errors import invalid_request
 from edge_llm.api.params import report_ignored
-from edge_llm.api.protocol_anthropic import (
+from edge_llm.api.protocol.anthropic import (
     CountTokensRequest,
     MessagesRequest,
     new_message_id,

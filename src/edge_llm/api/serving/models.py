@@ -11,7 +11,7 @@ from fastapi import Request
 
 from edge_llm.api.model_routing import keep_alive_of, unavailable, unknown_model
 from edge_llm.api.params import parse_body
-from edge_llm.api.protocol_models import ModelCard, ModelList, ModelLoadRequest
+from edge_llm.api.protocol.models import ModelCard, ModelList, ModelLoadRequest
 from edge_llm.api.serving.body import json_object
 from edge_llm.config import Settings
 from edge_llm.registry.keep_alive import describe_keep_alive

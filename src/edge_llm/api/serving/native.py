@@ -15,7 +15,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from edge_llm import __version__
-from edge_llm.api.protocol_llama import NativeCompletionRequest
+from edge_llm.api.protocol.llama_server import NativeCompletionRequest
 from edge_llm.api.serving.outcome import engine_unavailable
 from edge_llm.api.serving.infill import InfillServing
 from edge_llm.engine.types import EngineUnavailableError

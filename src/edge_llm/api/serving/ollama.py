@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from edge_llm.api.errors import APIError, invalid_request
 from edge_llm.api.ndjson import NdjsonResponse, encode_line
 from edge_llm.api.params import report_ignored
-from edge_llm.api.protocol_ollama import OllamaChatRequest, OllamaGenerateRequest, OllamaOptions
+from edge_llm.api.protocol.ollama import OllamaChatRequest, OllamaGenerateRequest, OllamaOptions
 from edge_llm.api.serving.outcome import Generation, failure_error
 from edge_llm.api.serving.chat import ChatServing
 from edge_llm.api.serving.ollama_stream import Answer, Clock, Piece, done_answer, pieces

@@ -9,7 +9,7 @@ import struct
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from edge_llm.api.protocol_ollama_models import ModelDetails
+from edge_llm.api.protocol.ollama_models import ModelDetails
 from edge_llm.config import Settings
 from edge_llm.models.gguf_info import ArrayValue, ModelFacts
 

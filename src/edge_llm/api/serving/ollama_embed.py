@@ -15,7 +15,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from edge_llm.api.params import report_ignored
-from edge_llm.api.protocol_ollama import OllamaEmbeddingsRequest, OllamaEmbedRequest
+from edge_llm.api.protocol.ollama import OllamaEmbeddingsRequest, OllamaEmbedRequest
 from edge_llm.api.serving.embeddings import EmbeddingServing
 from edge_llm.api.serving.ollama_stream import Clock
 

@@ -18,7 +18,7 @@ from fastapi import Request
 
 from edge_llm.api.errors import APIError
 from edge_llm.api.params import parse_body
-from edge_llm.api.protocol_ollama_models import (
+from edge_llm.api.protocol.ollama_models import (
     CopyRequest,
     DeleteRequest,
     ListModel,

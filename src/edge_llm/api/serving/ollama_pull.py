@@ -23,7 +23,7 @@ from fastapi import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from edge_llm.api.params import parse_body
-from edge_llm.api.protocol_ollama_models import ProgressResponse, PullRequest, ollama_json
+from edge_llm.api.protocol.ollama_models import ProgressResponse, PullRequest, ollama_json
 from edge_llm.api.serving.body import json_object
 from edge_llm.api.errors import APIError
 from edge_llm.config import Settings

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from edge_llm.api.protocol_anthropic import tool_input
+from edge_llm.api.protocol.anthropic import tool_input
 from edge_llm.api.serving.base import load_wait_ms
 from edge_llm.api.serving.outcome import Generation
 from edge_llm.api.serving.chat import chat_logprobs

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edge_llm.api.errors import APIError, invalid_request
-from edge_llm.api.protocol import ErrorResponse
-from edge_llm.api.protocol_answers import PromptTokensDetails, UsageInfo
+from edge_llm.api.protocol.errors import ErrorResponse
+from edge_llm.api.protocol.openai_answers import PromptTokensDetails, UsageInfo
 from edge_llm.engine.facade import ReplyChannel
 from edge_llm.engine.types import (
     EngineUnavailableError,

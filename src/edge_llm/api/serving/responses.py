@@ -1,7 +1,7 @@
 """POST /v1/responses: OpenAI's Responses API.
 
 The body (after the stored items `previous_response_id` continues) becomes the chat request it amounts to
-(api/protocol_responses.py), so the chat family's template, grammars (text.format, a forced tool call) and
+(api/protocol/responses.py), so the chat family's template, grammars (text.format, a forced tool call) and
 tool-call parser serve it unchanged; the answer goes out as a Response object or as the Responses event stream
 (serving/responses_events.py), and is kept unless `store: false` (serving/stored_responses.py).
 """
@@ -15,9 +15,9 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from edge_llm.api.errors import CLIENT_CLOSED_REQUEST, APIError, invalid_request
-from edge_llm.api.protocol import ChatCompletionRequest
+from edge_llm.api.protocol.openai_chat import ChatCompletionRequest
 from edge_llm.api.params import report_ignored
-from edge_llm.api.protocol_responses import FunctionToolChoice, ResponsesRequest, set_aside_unread
+from edge_llm.api.protocol.responses import FunctionToolChoice, ResponsesRequest, set_aside_unread
 from edge_llm.api.serving.outcome import Generation, total_usage
 from edge_llm.api.serving.chat import ChatPlan, ChatServing
 from edge_llm.api.serving.progress import PrefillBeats

@@ -15,7 +15,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from edge_llm.api.errors import APIError, invalid_request
-from edge_llm.api.protocol_responses import MessageItem, ReasoningItem, ResponsesRequest
+from edge_llm.api.protocol.responses import MessageItem, ReasoningItem, ResponsesRequest
 from edge_llm.api.response_store import ResponseStore, StoredResponse, request_owner
 from edge_llm.api.serving.responses_events import new_id
 

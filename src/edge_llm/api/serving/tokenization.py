@@ -8,7 +8,7 @@ import logging
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from edge_llm.api.protocol_tokenization import DetokenizeRequest, TokenizeRequest
+from edge_llm.api.protocol.tokenization import DetokenizeRequest, TokenizeRequest
 from edge_llm.api.serving.base import Serving
 
 logger = logging.getLogger(__name__)

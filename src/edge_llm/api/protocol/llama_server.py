@@ -3,7 +3,7 @@ native fields its clients also send in OpenAI bodies (`LlamaServerFields`).
 
 The plugins send llama-server's whole parameter set (`samplers`, `id_slot`, …): fields this server does not
 know are ignored and named in the `X-Edge-LLM-Ignored-Fields` header, as for every body (api/params.py).
-Errors use the server's one error envelope.
+Errors use OpenAI's envelope (protocol/errors.py), as llama-server does.
 """
 
 from __future__ import annotations
@@ -12,13 +12,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
-from edge_llm.api.protocol_base import RequestModel, SamplingDefaults
-
+from edge_llm.api.protocol.common import MAX_STOP_STRINGS, RequestModel, SamplingDefaults
 from edge_llm.engine.types import SamplingParams
 
 MAX_EXTRA_FILES = 64
-# Stop strings as many as clients send (Continue sends a dozen for FIM), not OpenAI's 4; each is matched per token.
-MAX_STOP_STRINGS = 64
 
 
 def native_sampling(defaults: SamplingDefaults, fields: Any, grammar: str | None) -> SamplingParams:

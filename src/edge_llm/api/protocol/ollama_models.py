@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from edge_llm.api.protocol_base import RequestModel
+from edge_llm.api.protocol.common import RequestModel
 
 
 class ShowRequest(RequestModel):

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from edge_llm.api.protocol import ToolCall
+from edge_llm.api.protocol.openai_chat import ToolCall
 
 
 def new_completion_id() -> str:

@@ -1,6 +1,6 @@
 """Anthropic's Messages API on the wire: the request bodies of /v1/messages and /v1/messages/count_tokens, their
-conversion to the chat-template messages every chat family renders, the stop_reason mapping and the error
-envelope's shape.
+conversion to the chat-template messages every chat family renders, and the stop_reason mapping (its error
+envelope is in protocol/errors.py).
 
 What a text model can use is read: text, tool_use and tool_result blocks, client tools with an input_schema, system
 turns inside `messages` (Claude Code sends one). `thinking` / `redacted_thinking` blocks sent back from an earlier
@@ -18,8 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from edge_llm.api.protocol_base import RequestModel, SamplingDefaults
-from edge_llm.api.protocol_llama import MAX_STOP_STRINGS
+from edge_llm.api.protocol.common import MAX_STOP_STRINGS, RequestModel, SamplingDefaults, UnreadablePart
 from edge_llm.engine.types import FinishReason, Finished, SamplingParams
 
 MAX_TOOLS = 128
@@ -64,17 +63,11 @@ class AnthropicThinkingBlock(RequestModel):
     data: str | None = None  # redacted_thinking's
 
 
-class AnthropicMediaBlock(RequestModel):
+class AnthropicMediaBlock(UnreadablePart):
     """An image or a document: known, and refused with the reason (the models here read text only)."""
 
+    label = "{kind} blocks"
     type: Literal["image", "document"]
-
-    @model_validator(mode="before")
-    @classmethod
-    def _text_only(cls, value: Any) -> Any:
-        kind = value.get("type") if isinstance(value, dict) else None
-        raise ValueError(f"{kind} blocks cannot be read: this model reads text only (it has no vision and no "
-                         "document input)")
 
 
 AnthropicContentBlock = Annotated[AnthropicTextBlock | AnthropicToolUseBlock | AnthropicToolResultBlock
@@ -326,16 +319,6 @@ def usage(prompt_tokens: int, output_tokens: int, cached_tokens: int) -> dict[st
     """Anthropic counts input tokens read from the cache apart from the others (their sum is the prompt)."""
     return {"input_tokens": prompt_tokens - cached_tokens, "output_tokens": output_tokens,
             "cache_read_input_tokens": cached_tokens, "cache_creation_input_tokens": 0}
-
-
-class AnthropicErrorDetail(BaseModel):
-    type: str
-    message: str
-
-
-class AnthropicErrorResponse(BaseModel):
-    type: Literal["error"] = "error"
-    error: AnthropicErrorDetail
 
 
 class MessageResponse(BaseModel):

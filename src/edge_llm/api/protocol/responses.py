@@ -12,9 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, TypeAdapter, field_validator, model_validator
 
-from edge_llm.api.protocol_base import RequestModel
-
-from edge_llm.api.protocol import ChatMessage, FunctionCall, ToolCall
+from edge_llm.api.protocol.common import RequestModel, unreadable
+from edge_llm.api.protocol.openai_chat import ChatMessage, FunctionCall, ToolCall
 
 TEXT_PART_TYPES = ("input_text", "output_text", "text")
 
@@ -35,8 +34,7 @@ class TextPart(_Item):
     @classmethod
     def _text_only(cls, value: str) -> str:
         if value in ("input_image", "input_file", "input_audio"):
-            raise ValueError(f"content parts of type '{value}' cannot be read: this model reads text only (no "
-                             "image, audio or file input)")
+            raise unreadable(f"content parts of type '{value}'")
         if value not in TEXT_PART_TYPES:
             raise ValueError(f"content parts of type '{value}' are not supported; this server reads text only "
                              f"({', '.join(TEXT_PART_TYPES)})")

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, StrictInt, StrictStr
 
-from edge_llm.api.protocol_base import RequestModel
+from edge_llm.api.protocol.common import RequestModel
 
 MAX_INPUTS = 2048  # OpenAI's limit on the items of one request
 MAX_REQUEST_TOKENS = 32768  # all inputs together: about two minutes of work on a small CPU

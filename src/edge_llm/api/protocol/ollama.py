@@ -16,9 +16,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from edge_llm.api.protocol import ToolDefinition
-from edge_llm.api.protocol_base import RequestModel, SamplingDefaults
-from edge_llm.api.protocol_llama import MAX_STOP_STRINGS, native_sampling
+from edge_llm.api.protocol.common import MAX_STOP_STRINGS, RequestModel, SamplingDefaults
+from edge_llm.api.protocol.llama_server import native_sampling
+from edge_llm.api.protocol.openai_chat import ToolDefinition
 from edge_llm.engine.types import SamplingParams
 
 THINK_LEVELS = ("high", "medium", "low", "max")
@@ -276,10 +276,6 @@ class OllamaEmbeddingsRequest(RequestModel):
 
 
 # ---- responses (for the OpenAPI document; the answers are built as dicts) -------------------------------------------
-
-
-class OllamaErrorResponse(BaseModel):
-    error: str
 
 
 class _OllamaFinal(BaseModel):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from edge_llm.api.protocol_base import RequestModel
+from edge_llm.api.protocol.common import RequestModel
 
 
 class TokenizeRequest(RequestModel):

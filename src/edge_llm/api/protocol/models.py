@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from edge_llm.api.protocol_base import RequestModel
+from edge_llm.api.protocol.common import RequestModel
 
 
 class ModelLoadRequest(RequestModel):
