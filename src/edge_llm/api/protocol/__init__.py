@@ -1,0 +1,1 @@
+"""The wire, one module per endpoint family: request bodies as pydantic models, answers, error envelopes."""
