@@ -1,20 +1,23 @@
 """Grammar-constrained sampling on the real model, in process: the lazy check (sample, check that one token,
 resample under the grammar only when it is rejected; greedy resamples from the likeliest few tokens first)
 picks, token for token, what llama.cpp's grammar-first chain picks at temperature 0 — with and without a penalty
-in the chain and a logit_bias."""
+in the chain and a logit_bias. And the grammar check with this model's vocabulary."""
 
 from __future__ import annotations
 
 import ctypes
 from collections.abc import Iterator
+from pathlib import Path
 
 import llama_cpp
 import pytest
 
+from edge_llm.engine.grammar.errors import GrammarError
 from edge_llm.engine.llama.runner import ContextConfig, LlamaRunner
 from edge_llm.engine.llama.schema_grammar import json_schema_to_grammar
 from edge_llm.engine.scheduling.step_plan import StepPlan
 from edge_llm.engine.types import SamplingParams
+from edge_llm.prompting.tools import forced_call_grammar
 from edge_llm.testing.server import MODEL
 
 SCHEMAS = {
@@ -152,3 +155,21 @@ def test_a_number_schema_keeps_its_bounds_in_llama_cpps_grammar(runner: LlamaRun
     outside = ("-1.51", "-2", "2.25", "2.5", "3", "-0", "1e0", "02")
     taken = values_taken(runner, {"type": "number", "minimum": -1.5, "exclusiveMaximum": 2.25}, inside + outside)
     assert [v for v in inside if not taken[v]] == [] and [v for v in outside if taken[v]] == []
+
+
+def test_the_ambiguity_check_reads_this_models_vocabulary(runner: LlamaRunner) -> None:
+    """With the model's own token texts (runner.check_grammar, as every request's grammar): llama.cpp's example
+    grammars, the converter's grammars, a forced tool call and an enum of 2 000 values pass; `(" " | " ")*`, which
+    held llama.cpp over 60 s for one pass over this vocabulary (its tokens of spaces then a newline are walked
+    once per split), is refused naming its rule."""
+    fixtures = sorted((Path(__file__).parents[1] / "fixtures" / "gbnf").glob("*.gbnf"))
+    grammars = [path.read_text(encoding="utf-8") for path in fixtures]
+    grammars += [json_schema_to_grammar(schema) for schema in SCHEMAS.values()]
+    grammars.append(json_schema_to_grammar({"enum": [f"value {i}" for i in range(2000)]}))
+    grammars.append(forced_call_grammar([{"name": "describe", "parameters": SCHEMAS["person"]},
+                                         {"name": "sum", "parameters": SCHEMAS["list of numbers"]}],
+                                        json_schema_to_grammar))
+    for grammar in grammars:
+        runner.check_grammar(grammar)
+    with pytest.raises(GrammarError, match="grammar rule 'root' is ambiguous"):
+        runner.check_grammar('root ::= (" " | " ")*')

@@ -20,6 +20,8 @@ from edge_llm.engine.grammar.errors import GrammarError
 from edge_llm.engine.grammar.gbnf.syntax import MAX_NESTING, Ref, Repeat, Terminal, parse_gbnf
 from edge_llm.engine.grammar.limits import check_grammar_limits
 
+from .token_texts import TOKENS
+
 LLAMA_CPP_GRAMMARS = sorted((Path(__file__).parents[1] / "fixtures" / "gbnf").glob("*.gbnf"))
 
 
@@ -32,7 +34,7 @@ def doubling(levels: int) -> str:
 @pytest.mark.parametrize("path", LLAMA_CPP_GRAMMARS, ids=lambda path: path.name)
 def test_llama_cpps_own_grammars_pass(path: Path) -> None:
     assert len(LLAMA_CPP_GRAMMARS) >= 8
-    cost = check_grammar_limits(path.read_text(encoding="utf-8"))
+    cost = check_grammar_limits(path.read_text(encoding="utf-8"), TOKENS)
     assert 1 <= cost.stacks <= 64
 
 
@@ -73,14 +75,14 @@ def test_literals_classes_escapes_and_comments_are_read_as_llama_cpp_reads_them(
 ], ids=lambda value: value if len(value) < 30 else value[:30])
 def test_what_llama_cpp_refuses_is_refused_with_a_reason(grammar: str, message: str) -> None:
     with pytest.raises(GrammarError, match=re.escape(message)):
-        check_grammar_limits(grammar)
+        check_grammar_limits(grammar, TOKENS)
 
 
 def test_the_line_of_a_syntax_error_is_named() -> None:
     with pytest.raises(GrammarError, match="line 3"):
-        check_grammar_limits('root ::= x\nx ::= "a"\ny ::= "b" )\n')
+        check_grammar_limits('root ::= x\nx ::= "a"\ny ::= "b" )\n', TOKENS)
     with pytest.raises(GrammarError, match="line 2: expecting a rule name"):  # a top-level rule ends at its line
-        check_grammar_limits('root ::= "a"\n  | "b"\n')
+        check_grammar_limits('root ::= "a"\n  | "b"\n', TOKENS)
 
 
 @pytest.mark.parametrize(("grammar", "rule", "reason"), [
@@ -96,24 +98,24 @@ def test_the_line_of_a_syntax_error_is_named() -> None:
         "nullable rule", "direct left recursion", "doubling 16", "doubling 40", "nested counts through a rule"])
 def test_grammars_whose_cost_is_unbounded_are_refused_naming_the_rule(grammar: str, rule: str, reason: str) -> None:
     with pytest.raises(GrammarError, match=f"rule '{rule}'.*{reason}"):
-        check_grammar_limits(grammar)
+        check_grammar_limits(grammar, TOKENS)
 
 
 def test_the_stack_bound_counts_what_llama_cpp_opens() -> None:
-    assert check_grammar_limits(doubling(8)).stacks == 2**8
-    assert check_grammar_limits('root ::= ("a" | "b" | "c") "d"').stacks == 3
+    assert check_grammar_limits(doubling(8), TOKENS).stacks == 2**8
+    assert check_grammar_limits('root ::= ("a" | "b" | "c") "d"', TOKENS).stacks == 3
     enum = "root ::= " + " | ".join(f'"v{i}"' for i in range(MAX_STACKS))
-    assert check_grammar_limits(enum).stacks == MAX_STACKS
+    assert check_grammar_limits(enum, TOKENS).stacks == MAX_STACKS
     with pytest.raises(GrammarError, match="parse stacks"):
-        check_grammar_limits(enum + ' | "one more"')
+        check_grammar_limits(enum + ' | "one more"', TOKENS)
 
 
 def test_a_long_leftmost_chain_is_refused_before_llama_cpps_recursive_check() -> None:
     rules = [f'r{i} ::= r{i + 1} "x"' for i in range(MAX_LEFT_CHAIN + 5)] + [f'r{MAX_LEFT_CHAIN + 5} ::= "y"']
     with pytest.raises(GrammarError, match="chain of"):
-        check_grammar_limits("root ::= r0\n" + "\n".join(rules))
+        check_grammar_limits("root ::= r0\n" + "\n".join(rules), TOKENS)
     fine = [f'r{i} ::= r{i + 1} "x"' for i in range(MAX_LEFT_CHAIN - 10)] + [f'r{MAX_LEFT_CHAIN - 10} ::= "y"']
-    check_grammar_limits("root ::= r0\n" + "\n".join(fine))
+    check_grammar_limits("root ::= r0\n" + "\n".join(fine), TOKENS)
 
 
 def test_repetition_products_and_expansion_are_bounded() -> None:
@@ -121,10 +123,10 @@ def test_repetition_products_and_expansion_are_bounded() -> None:
     assert measure(parse_gbnf('root ::= [a-z]{0,20}')).repetition_product == 20
     side = int(MAX_REPETITION_PRODUCT ** 0.5) + 1
     with pytest.raises(GrammarError, match="multiply"):
-        check_grammar_limits(f'root ::= x{{{side}}}\nx ::= "a"{{{min(side, 2000)}}}')
+        check_grammar_limits(f'root ::= x{{{side}}}\nx ::= "a"{{{min(side, 2000)}}}', TOKENS)
     literal = "a" * (MAX_EXPANDED_ELEMENTS // 1000 + 1)
     with pytest.raises(GrammarError, match="expands to"):
-        check_grammar_limits(f'root ::= "{literal}"{{1000}}')
+        check_grammar_limits(f'root ::= "{literal}"{{1000}}', TOKENS)
 
 
 def test_nesting_is_read_without_recursion_and_refused_as_soon_as_it_passes_the_bound() -> None:
@@ -138,7 +140,7 @@ def test_ordinary_grammars_pass() -> None:
     for grammar in ['root ::= [a-z]+ ("," [a-z]+)*', 'root ::= "yes" | "no"', 'root ::= ws "x"\nws ::= [ \\t]*',
                     'root ::= ("a" | "b")? "c"', 'root ::= x x x\nx ::= "a"?', 'root ::= "{" (kv ("," kv)*)? "}"\n'
                     'kv ::= [a-z]+ ":" [0-9]+']:
-        check_grammar_limits(grammar)
+        check_grammar_limits(grammar, TOKENS)
 
 
 @pytest.mark.parametrize(("grammar", "message"), [
@@ -149,7 +151,7 @@ def test_ordinary_grammars_pass() -> None:
 ])
 def test_a_refused_grammar_is_told_why_and_what_to_change(grammar: str, message: str) -> None:
     with pytest.raises(GrammarError) as refused:
-        check_grammar_limits(grammar)
+        check_grammar_limits(grammar, TOKENS)
     assert str(refused.value) == message
 
 
@@ -158,15 +160,15 @@ def test_a_leftmost_chain_of_exactly_the_bound_is_accepted_and_one_more_refused(
         rules = [f'r{i} ::= r{i + 1} "x"' for i in range(length - 2)] + [f'r{length - 2} ::= "y"']
         return "root ::= r0\n" + "\n".join(rules)
 
-    check_grammar_limits(chain(MAX_LEFT_CHAIN))
+    check_grammar_limits(chain(MAX_LEFT_CHAIN), TOKENS)
     with pytest.raises(GrammarError, match=f"chain of {MAX_LEFT_CHAIN + 1} rules"):
-        check_grammar_limits(chain(MAX_LEFT_CHAIN + 1))
+        check_grammar_limits(chain(MAX_LEFT_CHAIN + 1), TOKENS)
 
 
 def test_an_optional_rule_that_can_match_nothing_is_allowed_once_but_not_repeated() -> None:
-    check_grammar_limits('root ::= x? "a"\nx ::= "b"?')
+    check_grammar_limits('root ::= x? "a"\nx ::= "b"?', TOKENS)
     with pytest.raises(GrammarError, match="repeats something that can match nothing"):
-        check_grammar_limits('root ::= x{0,2} "a"\nx ::= "b"?')
+        check_grammar_limits('root ::= x{0,2} "a"\nx ::= "b"?', TOKENS)
 
 
 # ---- the cost model, measured exactly (engine/grammar/gbnf/bounds.py's documented counts) -------------------------
@@ -188,7 +190,7 @@ def test_the_expansion_bound_is_inclusive() -> None:
     most = f'"{"a" * 1000}"{{1999}} "{"b" * 998}"'  # 1999 × 1000 + 1, then 998 + 1: exactly the bound
     assert measure(parse_gbnf(f"root ::= {most}")).expanded_elements == MAX_EXPANDED_ELEMENTS
     with pytest.raises(GrammarError) as refused:
-        check_grammar_limits(f'root ::= {most} "c"')
+        check_grammar_limits(f'root ::= {most} "c"', TOKENS)
     assert str(refused.value) == (f"the grammar expands to {MAX_EXPANDED_ELEMENTS + 2} elements once its repetitions "
                                   f"are written out (at most {MAX_EXPANDED_ELEMENTS}): use smaller counts")
 
@@ -209,7 +211,7 @@ def test_the_repetition_product_multiplies_counts_through_nesting(grammar: str, 
 def test_the_repetition_product_bound_is_inclusive() -> None:
     assert measure(parse_gbnf('root ::= x{100}\nx ::= "a"{1000}')).repetition_product == MAX_REPETITION_PRODUCT
     with pytest.raises(GrammarError) as refused:
-        check_grammar_limits('root ::= x{101}\nx ::= "a"{1000}')
+        check_grammar_limits('root ::= x{101}\nx ::= "a"{1000}', TOKENS)
     assert str(refused.value) == f"grammar rule 'root' nests repetitions whose counts multiply to 101000 (at most " \
                                  f"{MAX_REPETITION_PRODUCT})"
 
@@ -236,13 +238,13 @@ def test_stacks_multiplied_along_one_alternative_are_bounded_too() -> None:
 
     assert measure(parse_gbnf(optional_run(MAX_STACKS))).stacks == MAX_STACKS
     with pytest.raises(GrammarError) as refused:
-        check_grammar_limits(optional_run(MAX_STACKS + 1))
+        check_grammar_limits(optional_run(MAX_STACKS + 1), TOKENS)
     assert str(refused.value) == (f"grammar rule 'root' opens more than {MAX_STACKS} parse stacks at once (alternatives "
                                   "that can match nothing multiply them): llama.cpp would check every token against "
                                   "each")
     enum = "root ::= " + " | ".join(f'"v{i}"' for i in range(MAX_STACKS + 1))
     with pytest.raises(GrammarError) as refused:
-        check_grammar_limits(enum)
+        check_grammar_limits(enum, TOKENS)
     assert str(refused.value) == (f"grammar rule 'root' opens {MAX_STACKS + 1} parse stacks at once (at most "
                                   f"{MAX_STACKS}): use fewer alternatives, or fewer that can match nothing")
 
@@ -261,9 +263,9 @@ def test_stacks_multiplied_along_one_alternative_are_bounded_too() -> None:
 def test_a_rule_that_can_match_nothing_is_found_through_other_rules(grammar: str, refused: bool) -> None:
     if refused:
         with pytest.raises(GrammarError, match="repeats something that can match nothing"):
-            check_grammar_limits(grammar)
+            check_grammar_limits(grammar, TOKENS)
     else:
-        check_grammar_limits(grammar)
+        check_grammar_limits(grammar, TOKENS)
 
 
 def test_stacks_opened_after_a_terminal_are_bounded_like_those_at_the_start() -> None:
@@ -274,7 +276,7 @@ def test_stacks_opened_after_a_terminal_are_bounded_like_those_at_the_start() ->
 
     assert measure(parse_gbnf(after_a_terminal(MAX_STACKS))).stacks == MAX_STACKS
     with pytest.raises(GrammarError, match=f"rule 'root' opens more than {MAX_STACKS} parse stacks"):
-        check_grammar_limits(after_a_terminal(MAX_STACKS + 1))
+        check_grammar_limits(after_a_terminal(MAX_STACKS + 1), TOKENS)
 
 
 def test_the_leftmost_paths_over_every_rule_are_bounded_inclusively() -> None:
@@ -288,8 +290,8 @@ def test_the_leftmost_paths_over_every_rule_are_bounded_inclusively() -> None:
         return (1 + 1001 * m) + 1001 + 1 + pads
 
     assert total(997, 1000) == MAX_LEFT_PATHS
-    check_grammar_limits(grammar(997, 1000))
+    check_grammar_limits(grammar(997, 1000), TOKENS)
     with pytest.raises(GrammarError) as refused:
-        check_grammar_limits(grammar(997, 1001))
+        check_grammar_limits(grammar(997, 1001), TOKENS)
     assert str(refused.value) == (f"grammar rule 'root' can start in too many ways ({1 + 1001 * 997} leftmost paths; "
                                   f"at most {MAX_LEFT_PATHS} in all): make alternatives that match nothing explicit")

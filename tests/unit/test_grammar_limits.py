@@ -11,6 +11,8 @@ from edge_llm.engine.grammar.gbnf.syntax import MAX_NESTING
 from edge_llm.engine.grammar.errors import GrammarError
 from edge_llm.engine.grammar.limits import MAX_SCHEMA_REPETITION, check_grammar_limits, check_schema_limits
 
+from .token_texts import TOKENS
+
 HUGE = MAX_SCHEMA_REPETITION + 1
 
 
@@ -48,12 +50,12 @@ def test_a_schema_nested_beyond_the_python_stack_is_walked_without_recursion() -
 
 
 def test_grammar_limits() -> None:
-    check_grammar_limits('root ::= "a" | "b"')
+    check_grammar_limits('root ::= "a" | "b"', TOKENS)
     with pytest.raises(GrammarError, match="parse stacks"):
-        check_grammar_limits("root ::= " + " | ".join(f'"{i}"' for i in range(MAX_STACKS + 2)))
+        check_grammar_limits("root ::= " + " | ".join(f'"{i}"' for i in range(MAX_STACKS + 2)), TOKENS)
     with pytest.raises(GrammarError, match="nests groups"):
-        check_grammar_limits("root ::= " + "(" * (MAX_NESTING + 1) + '"a"' + ")" * (MAX_NESTING + 1))
-    check_grammar_limits('root ::= "((((|||" [(|]')  # inside literals and classes nothing counts
+        check_grammar_limits("root ::= " + "(" * (MAX_NESTING + 1) + '"a"' + ")" * (MAX_NESTING + 1), TOKENS)
+    check_grammar_limits('root ::= "((((|||" [(|]', TOKENS)  # inside literals and classes nothing counts
 
 
 NESTED = "root ::= " + "(" * 60_000 + "[a]" + ")" * 60_000
@@ -66,11 +68,11 @@ def test_nesting_cannot_hide_behind_comments_tokens_or_escapes(hiding: str) -> N
     # The hostile probe's grammar: llama.cpp skips a comment (a token, a class) whole, so a quote there opens no
     # literal and the 60,000 groups after it reach its recursive parser (a stack overflow, SIGSEGV).
     with pytest.raises(GrammarError, match="nests groups more than 1024 levels"):
-        check_grammar_limits(hiding + NESTED)
+        check_grammar_limits(hiding + NESTED, TOKENS)
 
 
 def test_what_comments_and_tokens_hold_does_not_count() -> None:
-    check_grammar_limits("root ::= <|im_end|> x # (((((|||| \"\nx ::= \"a\" # " + "(" * 5000 + "\n")
+    check_grammar_limits("root ::= <|im_end|> x # (((((|||| \"\nx ::= \"a\" # " + "(" * 5000 + "\n", TOKENS)
 
 
 @pytest.mark.parametrize("pattern", ["^a{1," + " " * (1 << 20), "{" + " " * (1 << 20), "a{1, " * (1 << 17)])

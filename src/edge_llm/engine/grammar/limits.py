@@ -8,9 +8,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from edge_llm.engine.grammar.gbnf.ambiguity import check_ambiguity
 from edge_llm.engine.grammar.gbnf.bounds import GrammarCost, measure
 from edge_llm.engine.grammar.errors import GrammarError
 from edge_llm.engine.grammar.gbnf.syntax import parse_gbnf
+from edge_llm.engine.grammar.gbnf.tokens import TokenTexts
 
 # Grammars come from request bodies. llama.cpp's grammar parser recurses once per nesting level (a deep one
 # overflows the C stack and kills the process) and sampling costs about (parse stacks × vocabulary) per token on
@@ -18,11 +20,15 @@ from edge_llm.engine.grammar.gbnf.syntax import parse_gbnf
 MAX_GRAMMAR_CHARS = 256 * 1024
 
 
-def check_grammar_limits(grammar: str) -> GrammarCost:
-    """Refuses (GrammarError) a grammar llama.cpp would fail on, crash on, or that would stall the engine."""
+def check_grammar_limits(grammar: str, tokens: TokenTexts) -> GrammarCost:
+    """Refuses (GrammarError) a grammar llama.cpp would fail on, crash on, or that would stall the engine on the
+    vocabulary whose token texts are `tokens`."""
     if len(grammar) > MAX_GRAMMAR_CHARS:
         raise GrammarError(f"the grammar is too large ({len(grammar)} characters; at most {MAX_GRAMMAR_CHARS})")
-    return measure(parse_gbnf(grammar))
+    parsed = parse_gbnf(grammar)
+    cost = measure(parsed)
+    check_ambiguity(parsed, tokens)
+    return cost
 
 
 # llama-cpp-python's schema converter writes a repetition out in full (`"minLength": 10**9` builds a

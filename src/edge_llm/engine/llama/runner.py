@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ import numpy as np
 
 from edge_llm.engine.grammar.compiled import CompiledGrammars
 from edge_llm.engine.grammar.errors import GrammarError
+from edge_llm.engine.grammar.gbnf.tokens import TokenTexts
 from edge_llm.engine.grammar.limits import check_grammar_limits
 from edge_llm.engine.thread.embeddings import EMBEDDING_MAX_TOKENS
 from edge_llm.engine.llama.kv_types import KV_TYPES
@@ -26,7 +28,7 @@ from edge_llm.engine.llama.kv_state import read_sequence_state, write_sequence_s
 from edge_llm.engine.llama.model_facts import embeds_in_chunks, fim_tokens, model_metadata
 from edge_llm.engine.llama.loading import STRLEN_ADDRESS, ModelLoadError, create_context, expected_failure, load_model
 from edge_llm.engine.llama.sampling import Sampler, TokenSampling
-from edge_llm.engine.llama.vocabulary import piece, scan_vocabulary, special_text
+from edge_llm.engine.llama.vocabulary import piece, scan_vocabulary, special_text, token_texts
 from edge_llm.engine.scheduling.step_plan import KvCopy, KvOp, KvRemove, KvShift, KvTrim
 from edge_llm.engine.scheduling.step_plan import StepPlan
 from edge_llm.engine.types import (
@@ -139,6 +141,12 @@ class LlamaRunner:
         self.info = self._read_info()
         self._embedding: EmbeddingContext | None = None
         self._batch_row: list[int] | None = None  # plan row → batch row, when decode reorders them
+        # The token texts the grammar check walks (0.5 s of CPU for 150k tokens): read beside the serving, not before
+        # it is ready, and not on the tokenizer thread, where the first grammar would hold every other request.
+        self._grammar_tokens: TokenTexts | None = None
+        self._grammar_tokens_reader = threading.Thread(target=self._read_token_texts, daemon=True,
+                                                       name="edge-llm-token-texts")
+        self._grammar_tokens_reader.start()
         self._reserve_outputs(min(config.logit_rows, config.n_batch, config.n_ctx))
 
 
@@ -328,9 +336,17 @@ class LlamaRunner:
     def check_grammar(self, grammar: str) -> None:
         """Checks the limits and compiles a grammar into the cache that `new_sampler` clones from (vocabulary
         only: safe off the engine thread). Every grammar a request brings passes here before the engine gets it."""
-        check_grammar_limits(grammar)
+        check_grammar_limits(grammar, self._token_texts())
         if not self._grammars.add(grammar):
             raise GrammarError("llama.cpp rejected the grammar")
+
+    def _read_token_texts(self) -> None:
+        self._grammar_tokens = TokenTexts(token_texts(self._vocab, self._n_vocab))
+
+    def _token_texts(self) -> TokenTexts:
+        self._grammar_tokens_reader.join()  # a grammar in the first second after load waits for the texts
+        assert self._grammar_tokens is not None
+        return self._grammar_tokens
 
     # ---- sampling (TokenSampling, engine thread only) -----------------------------------------------
 
@@ -356,6 +372,7 @@ class LlamaRunner:
         return self._embedding.hidden_states(tokens, start)
 
     def close(self) -> None:
+        self._grammar_tokens_reader.join()  # it reads the vocabulary freed below
         self._grammars.close()
         if self._embedding is not None:
             self._embedding.close()

@@ -86,3 +86,9 @@ def longest_piece(text_length: Callable[[int], int], piece_length: Callable[[int
         if len(longest_texts) < count:  # that was every token
             return longest
         count *= 16  # every one of those texts was longer than any of their pieces: look further down
+
+
+def token_texts(vocab: llama_cpp.llama_vocab_p, n_vocab: int) -> list[str]:
+    """Every token's text as llama.cpp's grammar sampler splits it into characters (its piece, a control token as
+    its text; a piece that ends inside a character loses that part), for the grammar check (engine/grammar/gbnf)."""
+    return [piece(vocab, token, special=True).decode("utf-8", errors="ignore") for token in range(n_vocab)]

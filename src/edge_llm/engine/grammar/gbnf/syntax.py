@@ -16,11 +16,20 @@ MAX_NESTING = 1024  # groups inside groups (llama.cpp's parser recurses per leve
 MAX_REPETITION = 2000
 
 
+# The characters one terminal position accepts: (negated, ranges as (low, high) code points); `.` is (True, ()).
+CharSet = tuple[bool, tuple[tuple[int, int], ...]]
+ANY_CHAR: CharSet = (True, ())
+
+
 @dataclass(frozen=True, slots=True)
 class Terminal:
-    """A literal's characters (`length` of them, 0 for `""`), a character class, `.`, or a token."""
+    """A literal's characters (`length` of them, 0 for `""`), a character class, `.`, or a token.
+
+    `chars` holds what each position accepts (`ambiguity` follows them); empty for a token, which no character
+    matches (llama.cpp checks a token by its id and never splits it)."""
 
     length: int = 1
+    chars: tuple[CharSet, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +62,9 @@ class Grammar:
 
     def rule_named(self, name: str) -> int | None:
         return self.names.get(name)
+
+
+_ESCAPED = {"t": "\t", "r": "\r", "n": "\n"}
 
 
 def _is_word(char: str) -> bool:
@@ -103,8 +115,8 @@ class _Reader:
         digits = self.text[start:self.pos]
         return int(digits) if len(digits) <= 12 else 10**12  # the exact value of a huge count does not matter
 
-    def char(self) -> None:
-        """Skips one literal or class character with llama.cpp's escapes."""
+    def char(self) -> int:
+        """Reads one literal or class character with llama.cpp's escapes: its code point."""
         if self.peek() == "\\":
             kind = self.peek(1)
             hex_digits = {"x": 2, "u": 4, "U": 8}.get(kind)
@@ -113,14 +125,15 @@ class _Reader:
                 if len(digits) != hex_digits or any(d not in "0123456789abcdefABCDEF" for d in digits):
                     raise self.fail(f"expecting {hex_digits} hex digits")
                 self.pos += 2 + hex_digits
-            elif kind and kind in 'trn\\"[]-':
+                return int(digits, 16)
+            if kind and kind in 'trn\\"[]-':
                 self.pos += 2
-            else:
-                raise self.fail("unknown escape")
-        elif self.peek():
+                return ord(_ESCAPED.get(kind, kind))
+            raise self.fail("unknown escape")
+        if self.peek():
             self.pos += 1
-        else:
-            raise self.fail("unexpected end of input")
+            return ord(self.text[self.pos - 1])
+        raise self.fail("unexpected end of input")
 
 
 @dataclass(slots=True)
@@ -223,35 +236,39 @@ class _Parser:
         char = reader.peek()
         if char == '"':
             reader.pos += 1
-            length = 0
+            chars: list[CharSet] = []
             while reader.peek() != '"':
                 if not reader.peek():
                     raise reader.fail("unexpected end of input in a literal")
-                reader.char()
-                length += 1
+                code = reader.char()
+                chars.append((False, ((code, code),)))
             reader.pos += 1
+            length = len(chars)
             # An empty literal writes nothing: a repetition after it has no item to repeat, as in llama.cpp.
             if length:
-                group.sequence.append(Terminal(length))
+                group.sequence.append(Terminal(length, tuple(chars)))
             group.last_rules = 1
             group.repeatable = length > 0
             reader.space(group.nested)
             return True
         elif char == "[":
             reader.pos += 1
-            if reader.peek() == "^":
+            negated = reader.peek() == "^"
+            if negated:
                 reader.pos += 1
+            ranges: list[tuple[int, int]] = []
             while reader.peek() != "]":
                 if not reader.peek():
                     raise reader.fail("unexpected end of input in a character class")
-                reader.char()
+                low = high = reader.char()
                 if reader.peek() == "-" and reader.peek(1) != "]":
                     if not reader.peek(1):
                         raise reader.fail("unexpected end of input in a character class")
                     reader.pos += 1
-                    reader.char()
+                    high = reader.char()
+                ranges.append((low, high))
             reader.pos += 1
-            group.sequence.append(Terminal())
+            group.sequence.append(Terminal(1, ((negated, tuple(ranges)),)))
             group.last_rules = 1
         elif char in ("<", "!"):
             self.token()
@@ -270,7 +287,7 @@ class _Parser:
             return True
         elif char == ".":
             reader.pos += 1
-            group.sequence.append(Terminal())
+            group.sequence.append(Terminal(1, (ANY_CHAR,)))
             group.last_rules = 1
         elif char in ("*", "+", "?"):
             reader.pos += 1

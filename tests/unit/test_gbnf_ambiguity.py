@@ -1,0 +1,133 @@
+"""The ambiguity check (engine/grammar/gbnf/ambiguity.py) counts the walks llama.cpp makes through a candidate
+token's characters (every split between alternatives or repetitions is one) along texts that tokens of the
+vocabulary have, and refuses, naming the rule, a grammar where they pass 100 000."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from edge_llm.engine.grammar.errors import GrammarError
+from edge_llm.engine.grammar.gbnf import ambiguity
+from edge_llm.engine.grammar.gbnf.ambiguity import MAX_PATHS, check_ambiguity
+from edge_llm.engine.grammar.gbnf.syntax import parse_gbnf
+from edge_llm.engine.grammar.gbnf.tokens import TokenTexts
+from edge_llm.engine.grammar.limits import MAX_GRAMMAR_CHARS, check_grammar_limits
+from edge_llm.engine.llama.schema_grammar import json_schema_to_grammar
+from edge_llm.prompting.tools import forced_call_grammar
+
+from .token_texts import TOKENS
+
+# Runs of letters as long as the longest token (a vocabulary could have them; Qwen2.5's longest run of `a` is 8).
+LETTER_RUNS = TokenTexts([char * count for char in "ab" for count in range(1, 129)] + ["ab" * 64, "abc"])
+
+
+@pytest.mark.parametrize(("grammar", "rule"), [
+    ('root ::= (" " | " ")*', "root"),  # 2^n walks for n spaces: over 60 s of llama.cpp for one sampling step
+    ('root ::= ("\\n" | [\\n])+', "root"),
+    ('root ::= "x" ("-" | "-")* "y"', "root"),  # reached after an "x": every later step checks the dashes
+    ('root ::= (sp | tab)*\nsp ::= " "\ntab ::= [ ]', "root"),  # different rules: stacks that differ, then merge
+    ('root ::= ("  " | " " " ")*', "root"),  # two ways to write two spaces, like ("ab" | "a" "b")*
+    ('root ::= " "* " "* " "* " "* " "*', "root"),  # polynomial: 10^7 splits of 128 spaces among five runs
+    ('root ::= "{" body "}"\nbody ::= "q" pad\npad ::= (" " | [ \\t])*', "pad"),  # named where it multiplies
+    ('root ::= ws "x" ws "y"\nws ::= (" " | " ")*', "ws"),  # a rule used twice is walked from its own entry
+    ('root ::= ("-"{1,3})*', "root"),  # n dashes as runs of 1 to 3: the tribonacci numbers of ways
+], ids=["space or space", "newline or class", "after a prefix", "two rules", "two spaces two ways", "five runs",
+        "in a nested rule", "a shared rule", "runs of runs"])
+def test_a_grammar_whose_walks_multiply_within_one_token_is_refused_naming_the_rule(grammar: str, rule: str) -> None:
+    with pytest.raises(GrammarError, match=f"grammar rule '{rule}' is ambiguous"):
+        check_grammar_limits(grammar, TOKENS)
+
+
+@pytest.mark.parametrize("grammar", [
+    'root ::= ("a" | "a")+',
+    'root ::= ("ab" | "a" "b")*',
+])
+def test_the_vocabulary_decides_how_far_a_walk_goes(grammar: str) -> None:
+    check_grammar_limits(grammar, TOKENS)  # the longest run of "a" in a token is 8: at most 2^8 walks
+    with pytest.raises(GrammarError, match="grammar rule 'root' is ambiguous"):
+        check_grammar_limits(grammar, LETTER_RUNS)
+
+
+@pytest.mark.parametrize("grammar", [
+    'root ::= (x | x)*\nx ::= [a-z]',  # both alternatives call x last: llama.cpp keeps one copy of the same stack
+    'root ::= [a-z]* " " [a-z]*',
+    'root ::= " "* " "* " "*',  # 128 spaces split among three runs: 8 385 walks (0.06 s measured in llama.cpp)
+    'root ::= ("a" | "ab")* ("b" | "ba")*',  # linear: each prefix splits one way per place the second part starts
+    'root ::= ("-"{1,3} "=")*',
+], ids=["the same rule twice", "two runs of letters", "three runs", "a|ab then b|ba", "bounded dashes"])
+def test_grammars_whose_walks_stay_few_pass(grammar: str) -> None:
+    check_grammar_limits(grammar, LETTER_RUNS)
+    check_grammar_limits(grammar, TOKENS)
+
+
+def test_the_walks_counted_are_llama_cpps(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 2^16 walks for 16 spaces pass, 2^17 for 17 do not: the bound is on the count itself.
+    monkeypatch.setattr(ambiguity, "MAX_PATHS", 2**16)
+    spaces = lambda longest: TokenTexts([" " * count for count in range(1, longest + 1)])  # noqa: E731
+    grammar = parse_gbnf('root ::= (" " | " ")*')
+    check_ambiguity(grammar, spaces(15))  # after the 15th space: 2^16 walks (each space opens two stacks)
+    with pytest.raises(GrammarError, match=f"more than {2**16} ways"):
+        check_ambiguity(grammar, spaces(16))
+    assert MAX_PATHS == 100_000
+
+
+SCHEMAS: list[dict[str, Any]] = [
+    {"type": "object"},
+    {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                      "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}}},
+     "required": ["name", "age", "tags"]},
+    {"type": "array", "items": {"type": "number"}, "minItems": 3},
+    {"type": "object", "properties": {"when": {"type": "string", "format": "date-time"},
+                                      "id": {"type": "string", "format": "uuid"},
+                                      "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2,4}$"},
+                                      "n": {"type": "integer", "minimum": -5, "maximum": 1200},
+                                      "x": {"type": "number", "minimum": 0.5},
+                                      "either": {"anyOf": [{"type": "string"}, {"type": "null"}, {"type": "boolean"}]},
+                                      "nested": {"type": "object", "additionalProperties": {"type": "integer"}}},
+     "required": ["when", "id"]},
+    {"type": "object", "properties": {"value": {"enum": [f"value {i}" for i in range(2000)]}}},
+    {"type": "string", "pattern": "^(ab|cd)+[0-9]*-?[0-9]+$"},
+]
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=["object", "person", "numbers", "formats", "enum 2000", "pattern"])
+def test_what_the_schema_converter_writes_passes(schema: dict[str, Any]) -> None:
+    check_grammar_limits(json_schema_to_grammar(schema), TOKENS)
+
+
+def test_a_forced_tool_call_grammar_passes() -> None:
+    functions = [{"name": "get_weather", "parameters": SCHEMAS[1]}, {"name": "search", "parameters": SCHEMAS[3]}]
+    check_grammar_limits(forced_call_grammar(functions, json_schema_to_grammar), TOKENS)
+
+
+def test_an_ambiguous_schema_pattern_is_refused() -> None:
+    grammar = json_schema_to_grammar({"type": "string", "pattern": "^( | )*$"})
+    with pytest.raises(GrammarError, match="is ambiguous"):
+        check_grammar_limits(grammar, TOKENS)
+
+
+def largest(kind: str) -> str:
+    size = MAX_GRAMMAR_CHARS - 64
+    if kind == "shared runs":  # thousands of starts, each walking runs of spaces through two shared rules
+        rules = [f'r{i} ::= "x{i}" ws [a-z]* ws' for i in range(size // 40)]
+        return "root ::= " + " | ".join(f"r{i}" for i in range(len(rules))) + "\nws ::= [ \\t]*\n" + "\n".join(rules)
+    if kind == "many loops":
+        return "root ::= " + " ".join(f'"{i % 10}" [ -~]*' for i in range(size // 12))
+    return "root ::= " + " | ".join(f'"{i:05d}" [0-9 ]*' for i in range(size // 16))
+
+
+@pytest.mark.parametrize("kind", ["shared runs", "many loops", "alternatives"])
+def test_the_check_of_a_grammar_of_the_largest_size_is_bounded(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    grammar = parse_gbnf(largest(kind))
+    started = time.process_time()
+    try:
+        check_ambiguity(grammar, TOKENS)
+    except GrammarError as error:
+        assert "too costly to check" in str(error), error
+    print(f"{kind}: checked in {time.process_time() - started:.2f} s of CPU")  # recorded, not asserted
+    monkeypatch.setattr(ambiguity, "MAX_WORK", 10_000)  # the bound is a count of steps, whatever the grammar
+    with pytest.raises(GrammarError, match="too costly to check for ambiguity"):
+        check_ambiguity(grammar, TOKENS)
