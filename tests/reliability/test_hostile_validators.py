@@ -62,10 +62,7 @@ CASES: dict[str, bytes] = {
 }
 
 
-# A megabyte of grammar alternatives still costs /healthz 118-1004 ms now and then on the loaded machine (passed
-# three runs in a row at load 3.5, failed at load 8-13), for a reason not found yet: docs/reliability.md, known
-# gaps. It is in the neighbour and memory tests.
-TIMED = [case for case in CASES if case != "grammar: a megabyte of alternatives"]
+TIMED = list(CASES)
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """A request's JSON body is parsed once however many readers it has (the model router, then the family's serving
-object): a megabyte of JSON with 100,000 members costs the event loop up to 0.3 s a parse (issue 41)."""
+object): a megabyte of JSON with 100,000 members costs the event loop up to 0.3 s a parse (issue 41); a lone
+surrogate is refused however it is written."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from starlette.requests import Request
 
 from edge_llm.api.errors import APIError
 from edge_llm.api.serving import body as body_module
-from edge_llm.api.serving.body import request_json
+from edge_llm.api.serving.body import json_object, request_json
 
 
 def request_with(raw: bytes) -> Request:
@@ -47,3 +48,16 @@ def test_a_body_that_is_not_json_is_refused_by_every_reader() -> None:
         with pytest.raises(APIError) as caught:
             asyncio.run(read())
         assert caught.value.status == 400
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"content": "\\ud800"}', b'{"content": "x\\uDBFFy"}', b'{"content": "\xed\xa0\x80"}',
+    b'{"a": "' + b'\\"' * 1000 + b'", "content": "\\udfff"}',
+], ids=["escape", "upper-case escape", "UTF-8-style bytes", "after many escaped quotes"])
+def test_a_lone_surrogate_is_refused_however_it_is_written(raw: bytes) -> None:
+    with pytest.raises(APIError, match="lone UTF-16 surrogate"):
+        json_object(raw)
+
+
+def test_a_surrogate_pair_and_escaped_backslashes_are_text() -> None:
+    assert json_object(b'{"a": "\\ud83d\\ude00", "b": "\\\\ud800"}') == {"a": "\U0001F600", "b": "\\ud800"}

@@ -16,6 +16,12 @@ from edge_llm.api.errors import APIError
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
 
 
+def _may_hold_a_surrogate(raw: bytes) -> bool:
+    # Substring tests first (memchr speed): the expression alone tries every backslash of the body, and a megabyte
+    # of GBNF is mostly escaped quotes: 15 ms of the event loop for 350,000 of them, three times json.loads's.
+    return (b"\\ud" in raw or b"\\uD" in raw or b"\xed" in raw) and _SURROGATE_ESCAPE.search(raw) is not None
+
+
 # Where a request's parsed body is kept for the rest of the request (its ASGI scope).
 _PARSED_KEY = "edge_llm.json_body"
 
@@ -36,7 +42,7 @@ def json_object(raw: bytes) -> dict[str, Any]:
         body = json.loads(raw)
         # A lone surrogate ("\ud800") decodes to a str that is not Unicode text: it would fail
         # later, when an answer or an error message quoting it is encoded (a 500). Refused here.
-        if _SURROGATE_ESCAPE.search(raw) or b"\x00" in raw[:4]:  # (a UTF-16/32 body: always checked)
+        if _may_hold_a_surrogate(raw) or b"\x00" in raw[:4]:  # (a UTF-16/32 body: always checked)
             json.dumps(body, ensure_ascii=False).encode("utf-8")
     except RecursionError:
         raise APIError(400, "The request body is nested too deeply", code="invalid_json") from None
