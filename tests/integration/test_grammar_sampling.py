@@ -157,6 +157,20 @@ def test_a_number_schema_keeps_its_bounds_in_llama_cpps_grammar(runner: LlamaRun
     assert [v for v in inside if not taken[v]] == [] and [v for v in outside if taken[v]] == []
 
 
+def test_a_pattern_with_escaped_regex_characters_is_a_grammar_llama_cpp_takes(runner: LlamaRunner) -> None:
+    """`\\.`, `\\^` and `\\$` in a schema `pattern` are those characters, as llama.cpp's converter reads them
+    (llama-cpp-python's wrote `"\\."`, which GBNF refuses: a 400 for every version or e-mail pattern)."""
+    grammar = json_schema_to_grammar({"type": "string", "pattern": r"^v[0-9]+\.[0-9]+\^\$$"})
+    runner.check_grammar(grammar)
+
+    def taken(value: str) -> bool:
+        tokens = [runner.tokenize(c, add_special=False, parse_special=False)[0] for c in f'"{value}"']
+        return grammar_refusal(runner, grammar, tokens) is None
+
+    assert [v for v in ("v1.2^$", "v10.25^$") if not taken(v)] == []
+    assert [v for v in ("v1x2^$", "v1.2", "v1.2\\^$", "v.2^$") if taken(v)] == []
+
+
 def test_the_ambiguity_check_reads_this_models_vocabulary(runner: LlamaRunner) -> None:
     """With the model's own token texts (runner.check_grammar, as every request's grammar): llama.cpp's example
     grammars, the converter's grammars, a forced tool call and an enum of 2 000 values pass; `(" " | " ")*`, which

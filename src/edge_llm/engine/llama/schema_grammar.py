@@ -9,6 +9,7 @@ import re
 from decimal import Decimal
 from typing import Any
 
+from llama_cpp import llama_grammar
 from llama_cpp.llama_grammar import INVALID_RULE_CHARS_RE, RESERVED_NAMES, SchemaConverter
 
 from edge_llm.engine.grammar.errors import GrammarError
@@ -22,6 +23,12 @@ from edge_llm.engine.grammar.number_range import number_range_rule
 _PYTHON_SPACE_RULE = re.compile(r'^space ::= " "\?$', re.MULTILINE)
 LLAMA_CPP_SPACE_RULE = 'space ::= | " " | "\\n"{1,2} [ \\t]{0,20}'
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+# The characters a `pattern` escapes that a GBNF literal must not: llama-cpp-python's copy of llama.cpp's table
+# (common/json-schema-to-grammar.cpp) lacks `^ $ .`, so `\.` in a pattern (versions, e-mail addresses, domains) came
+# out as the literal "\.", which GBNF refuses ("unknown escape"): every such schema was a 400. The converter reads
+# the module's set on each call; llama.cpp's own table has all three.
+llama_grammar.ESCAPED_IN_REGEXPS_BUT_NOT_IN_LITERALS.update("^$.")
 
 
 class _BoundedNumbers(SchemaConverter):  # type: ignore[misc]
