@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge_llm.prompting.tools import ToolCallParser
+from edge_llm.prompting.tools import ToolCallParser, forced_call_grammar
 
 
 def run(parser: ToolCallParser, parts: list[str]) -> tuple[str, list[tuple[str, str]]]:
@@ -101,7 +101,8 @@ def test_plain_text_with_declared_functions_streams_at_once() -> None:
 
 def test_bare_calls_in_a_fence_of_any_language_or_with_blank_lines() -> None:
     for answer in ('```\n{"name": "a", "arguments": {}}\n```', '```JSON\n{"name": "a", "arguments": {}}```',
-                   '\n{"name": "a", "arguments": {}}\n\n{"name": "a", "arguments": {}}\n'):
+                   '\n{"name": "a", "arguments": {}}\n\n{"name": "a", "arguments": {}}\n',
+                   '```json\n{"name": "a", "arguments": {}}\n{"name": "a", "arguments": {}}\n```'):
         content, calls = run(ToolCallParser(["a"]), [answer])
         assert content == "" and calls and all(call == ("a", "{}") for call in calls), answer
     mixed = '{"name": "a", "arguments": {}}\n{"name": "b", "arguments": {}}'
@@ -117,3 +118,27 @@ def test_each_call_has_its_own_openai_id_and_shape() -> None:
     assert second.to_openai(1) == {"id": second.id, "type": "function", "index": 1,
                                    "function": {"name": "a", "arguments": "{}"}}
     assert first.to_openai(0)["index"] == 0
+
+    tagged = ToolCallParser()
+    run(tagged, ['<tool_call>{"name": "a", "arguments": {}}</tool_call>'])
+    assert tagged.calls[0].id.startswith("call_") and len(tagged.calls[0].id) == len("call_") + 24
+
+
+def test_the_forced_call_grammar_wraps_the_schema_of_one_call_in_the_tags() -> None:
+    schemas: list[dict] = []
+
+    def to_gbnf(schema: dict) -> str:  # a converter's output: its root, and rules named after it
+        schemas.append(schema)
+        return 'root ::= "{" root-name "}"\nroot-name ::= "n"\nroots ::= "x"\n'
+
+    weather = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    grammar = forced_call_grammar([{"name": "get_weather", "parameters": weather}], to_gbnf)
+    assert grammar == ('root ::= "<tool_call>\\n" tool-call "\\n</tool_call>"\n'
+                       'tool-call ::= "{" tool-call-name "}"\ntool-call-name ::= "n"\nroots ::= "x"\n')
+    assert schemas[-1] == {"type": "object", "properties": {"name": {"const": "get_weather"}, "arguments": weather},
+                           "required": ["name", "arguments"]}
+    forced_call_grammar([{"name": "a", "parameters": weather}, {"name": "b"}], to_gbnf)
+    assert schemas[-1] == {"anyOf": [
+        {"type": "object", "properties": {"name": {"const": "a"}, "arguments": weather}, "required": ["name", "arguments"]},
+        {"type": "object", "properties": {"name": {"const": "b"}, "arguments": {"type": "object"}},
+         "required": ["name", "arguments"]}]}  # no parameters: any object
