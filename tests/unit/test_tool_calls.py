@@ -105,6 +105,8 @@ def test_bare_calls_in_a_fence_of_any_language_or_with_blank_lines() -> None:
                    '```json\n{"name": "a", "arguments": {}}\n{"name": "a", "arguments": {}}\n```'):
         content, calls = run(ToolCallParser(["a"]), [answer])
         assert content == "" and calls and all(call == ("a", "{}") for call in calls), answer
+    assert run(ToolCallParser(["a"]), ['{"name": "a", "arguments": {"city": "Zürich"}}']) == (
+        "", [("a", '{"city": "Zürich"}')])  # the arguments' text as the model wrote it, not \\u-escaped
     mixed = '{"name": "a", "arguments": {}}\n{"name": "b", "arguments": {}}'
     assert run(ToolCallParser(["a"]), [mixed]) == (mixed, [])  # one undeclared: none is a call
 
