@@ -257,7 +257,7 @@ def test_stacks_multiplied_along_one_alternative_are_bounded_too() -> None:
     ('root ::= (x)*\nx ::= y "c"\ny ::= "a"?', False),
     ('root ::= x*\nx ::= z y\ny ::= "a"{0,2}\nz ::= y', True),  # waiting on a rule found nullable later
     ('root ::= (x)*\nx ::= "a"? "b"', False),  # an optional item does not make the rest optional
-    ('root ::= (z)*\nx ::= y "c"\nz ::= y\ny ::= "a"?', True),  # y's first user needs text, its second not
+    ('root ::= x (z)*\nx ::= y "c"\nz ::= y\ny ::= "a"?', True),  # y's first user needs text, its second not
 ], ids=["two rules", "one needs text", "second alternative", "empty literal", "needs text", "found later",
         "optional then text", "second user"])
 def test_a_rule_that_can_match_nothing_is_found_through_other_rules(grammar: str, refused: bool) -> None:
