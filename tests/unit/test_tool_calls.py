@@ -144,3 +144,10 @@ def test_the_forced_call_grammar_wraps_the_schema_of_one_call_in_the_tags() -> N
         {"type": "object", "properties": {"name": {"const": "a"}, "arguments": weather}, "required": ["name", "arguments"]},
         {"type": "object", "properties": {"name": {"const": "b"}, "arguments": {"type": "object"}},
          "required": ["name", "arguments"]}]}  # no parameters: any object
+
+
+def test_text_streams_at_once_unless_it_may_be_a_bare_call() -> None:
+    assert ToolCallParser().feed('{"a": 1}') == ('{"a": 1}', [])  # no declared functions: an object is text
+    assert ToolCallParser(["a"]).feed("XX hello") == ("XX hello", [])  # only "{" or a fence may open a call
+    parser = ToolCallParser()
+    assert parser.feed("<tool_call></tool_call> after") == ("<tool_call></tool_call> after", [])  # an empty body
