@@ -202,8 +202,10 @@ def test_the_expansion_bound_is_inclusive() -> None:
     ('root ::= x{0,4}\nx ::= "a"', 4),  # an upper count is what nests
     ('root ::= x* "b"\nx ::= "a"{6}', 6),  # an unbounded repetition counts once
     ('root ::= "b" | x{10}\nx ::= "a" root{10}', 10),  # recursion does not nest its counts again
+    ('root ::= x{2}\nx ::= "b" | y{3}\ny ::= "a" x{5}', 2 * 3),  # nor through a rule below the root
     ('root ::= "a"\nunused ::= "b"{2000}', 1),  # only what the root reaches
-], ids=["none", "two branches", "shared rule", "upper count", "unbounded", "recursion", "unreachable"])
+], ids=["none", "two branches", "shared rule", "upper count", "unbounded", "recursion", "inner recursion",
+        "unreachable"])
 def test_the_repetition_product_multiplies_counts_through_nesting(grammar: str, product: int) -> None:
     assert measure(parse_gbnf(grammar)).repetition_product == product
 

@@ -136,17 +136,30 @@ def test_shrink_gives_back_only_the_rejected_cells() -> None:
     assert (ledger.used, ledger.length(0)) == (1, 1)
     ledger.copy(0, 1, 1)
     ledger.grow(1, 2)
-    with pytest.raises(AssertionError, match="shrinks by 3 cells it did not compute"):
+    with pytest.raises(AssertionError, match="^seq 1 shrinks by 3 cells it did not compute$"):
         ledger.shrink(1, 3)
-    with pytest.raises(AssertionError, match="shrinks cells others hold"):
+    with pytest.raises(AssertionError, match="^shrinks cells others hold$"):
         ledger.shrink(0, 1)
+
+
+def test_a_holder_shrunk_to_nothing_holds_nothing_and_may_shrink_to_what_others_hold() -> None:
+    ledger = KvLedger()
+    ledger.grow(0, 3)
+    ledger.shrink(0, 3)
+    ledger.grow(1, 2)
+    ledger.copy(1, 0, 2)  # 0 holds nothing again: it may take a copy
+    assert (ledger.used, ledger.length(0)) == (2, 2)
+    ledger.grow(2, 5)
+    ledger.copy(2, 3, 3)
+    ledger.shrink(2, 2)  # down to exactly what 3 holds of it
+    assert (ledger.used, ledger.length(2)) == (2 + 3, 3)
 
 
 def test_a_copy_needs_an_empty_destination_and_enough_source() -> None:
     ledger = KvLedger()
     ledger.grow(0, 3)
     ledger.grow(1, 1)
-    with pytest.raises(AssertionError, match="copy into seq 1, which holds cells"):
+    with pytest.raises(AssertionError, match="^copy into seq 1, which holds cells$"):
         ledger.copy(0, 1, 2)
-    with pytest.raises(AssertionError, match="copy of 4 positions from seq 0 holding 3"):
+    with pytest.raises(AssertionError, match="^copy of 4 positions from seq 0 holding 3$"):
         ledger.copy(0, 2, 4)
