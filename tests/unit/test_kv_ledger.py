@@ -163,3 +163,13 @@ def test_a_copy_needs_an_empty_destination_and_enough_source() -> None:
         ledger.copy(0, 1, 2)
     with pytest.raises(AssertionError, match="^copy of 4 positions from seq 0 holding 3$"):
         ledger.copy(0, 2, 4)
+
+
+def test_a_copy_let_go_of_leaves_the_source_its_own_cells_to_grow_and_shrink() -> None:
+    ledger = KvLedger()
+    ledger.grow(0, 5)
+    ledger.copy(0, 1, 5)
+    ledger.truncate(1, 0)  # the follower lets go of all it took
+    ledger.grow(0, 1)
+    ledger.shrink(0, 3)  # cells 0 computed and nobody else holds, across its two growths
+    assert (ledger.used, ledger.length(0), ledger.length(1)) == (3, 3, 0)
