@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from edge_llm.engine.scheduling.kv_ledger import KvLedger
@@ -72,15 +72,17 @@ def check(ledger: KvLedger, model: CellModel, data: st.DataObject) -> None:
     assert ledger.used == model.used()
     for seq_id in SEQ_IDS:
         assert ledger.length(seq_id) == model.length(seq_id)
-        for position in range(model.length(seq_id) + 2):
-            assert ledger.other_holders_from(seq_id, position) == model.other_holders_from(seq_id, position)
+        position = data.draw(st.integers(0, model.length(seq_id) + 1), label="from")
+        assert ledger.other_holders_from(seq_id, position) == model.other_holders_from(seq_id, position)
     without = data.draw(st.sets(st.sampled_from(SEQ_IDS)), label="without")
     truncated = data.draw(st.dictionaries(st.sampled_from(SEQ_IDS), st.integers(0, 12), max_size=2), label="cut")
     assert ledger.used_without(without, truncated) == model.used(without, truncated)
     assert ledger.used_without(without) == model.used(without)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# No shrinking: a failing series is at most 10 ops as drawn, and shrinking one takes minutes (mutation runs fail many).
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+          phases=(Phase.explicit, Phase.reuse, Phase.generate))
 @given(st.data())
 def test_the_ledger_counts_the_cells_llama_cpps_cache_holds(data: st.DataObject) -> None:
     ledger, model = KvLedger(), CellModel()
