@@ -9,6 +9,7 @@ from decimal import Decimal
 
 import pytest
 
+from edge_llm.engine.grammar.gbnf.syntax import parse_gbnf
 from edge_llm.engine.grammar.number_range import number_range_rule
 
 from .test_integer_range import as_regex
@@ -21,7 +22,8 @@ for _ in range(60):
     CASES.append((low, RNG.random() < 0.5, high, RNG.random() < 0.5))
 CASES += [("0", True, None, True), (None, True, "1", True), ("0.5", False, None, True), (None, True, "-2.5", False),
           ("1.5", True, "1.5", True), ("0", True, "1", True), ("0", False, "1", False), ("-1", True, "1", True),
-          ("2.25", True, "2.5", True), ("2.25", False, "2.2501", True), (None, True, None, True)]
+          ("2.25", True, "2.5", True), ("2.25", False, "2.2501", True), (None, True, None, True),
+          ("1.8", True, "3", True), ("0", True, "2.1", True), ("-2.1", True, "5", False)]  # a fraction's only digit above/below
 
 
 def samples() -> list[str]:
@@ -96,3 +98,22 @@ def test_a_range_ending_at_zero_holds_zero_and_never_minus_zero() -> None:
     regex = as_regex(number_range_rule(Decimal(-1), Decimal(0)))
     assert regex.match("0") and regex.match("0.0") and regex.match("-0.5") and regex.match("-1")
     assert not regex.match("-0") and not regex.match("0.5")
+
+
+@pytest.mark.parametrize(("low", "low_inclusive", "high", "high_inclusive"), CASES)
+def test_every_number_rule_is_a_grammar_llama_cpp_reads(low: str | None, low_inclusive: bool, high: str | None,
+                                                         high_inclusive: bool) -> None:
+    rule = number_range_rule(Decimal(low) if low is not None else None, Decimal(high) if high is not None else None,
+                             low_inclusive, high_inclusive)
+    if rule:
+        parse_gbnf(f"root ::= {rule}\n")  # every alternative is made of literals and classes only: no rule names
+
+
+@pytest.mark.parametrize(("low", "inside", "outside"), [
+    (Decimal("2.0"), ["2", "2.0", "2.5"], ["1.99"]),  # JSON's 2.0: the fraction's digits are none, not "0"
+    (Decimal("1E-7"), ["0.0000001", "0.5"], ["0.00000001", "0"]),  # 1e-07: read as plain decimal digits
+])
+def test_a_bound_written_with_trailing_zeros_or_an_exponent_means_its_value(low: Decimal, inside: list[str],
+                                                                           outside: list[str]) -> None:
+    regex = as_regex(number_range_rule(low, Decimal(3)))
+    assert all(regex.match(text) for text in inside) and not any(regex.match(text) for text in outside)
