@@ -1,4 +1,5 @@
-"""Suite-wide set-up: the package's bytecode, compiled once per session.
+"""Suite-wide set-up: the package's bytecode, compiled once per session; `server_with`, the session's shared servers
+keyed by their flags.
 
 This checkout is an editable install, and CI and the sandbox run with PYTHONDONTWRITEBYTECODE set, so without
 `__pycache__` every server a test starts would compile each of the package's ~150 modules again (0.15-0.3 s of CPU
@@ -8,12 +9,25 @@ per start, issue 40); `pip install` and the Docker image compile them at install
 from __future__ import annotations
 
 import compileall
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import edge_llm
+from tests.server_pool import SHARED_SERVERS, ServerPool, ServerWith
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:  # noqa: ARG001 - pytest's hook signature
     compileall.compile_dir(Path(edge_llm.__file__).parent, quiet=1)
+
+
+@pytest.fixture(scope="session")
+def server_with(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerWith]:
+    """`server_with(*flags, model=MODEL)`: the session's server started with these flags (started on first use;
+    keep=True: never stopped before the session ends, for session-scoped fixtures).
+    Tests that share one must only read what their own requests changed (metric deltas, their own log lines), and
+    must not stop, reload or drain it: those start their own with run_server."""
+    pool = ServerPool(tmp_path_factory.mktemp("shared"), SHARED_SERVERS)
+    yield pool.get
+    pool.close()

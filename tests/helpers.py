@@ -15,6 +15,13 @@ from edge_llm.testing.server import RunningServer
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
+# The chat front ends' server, shared (server_with) by the web chat's browser tests and `edge-llm chat`'s: a key for
+# each, prompts in the access lines.
+WEB_CHAT_KEY = "web-chat-test-key"
+CHAT_CLI_KEY = "chat-cli-test-key"
+CHAT_FRONT_ENDS_FLAGS = ("--api-key", WEB_CHAT_KEY, "--api-key", CHAT_CLI_KEY, "--log-prompts", "--parallel", "2",
+                         "--ctx-size", "4096", "--cache-slots", "2")
+
 
 def chat_body(content: str = "Say hi.", **fields: Any) -> dict[str, Any]:
     return {"messages": [{"role": "user", "content": content}], "temperature": 0, "max_tokens": 2, **fields}

@@ -6,13 +6,13 @@ import openai
 import pytest
 
 from edge_llm.testing.server import MODEL_ID, RunningServer, run_server
+from tests.server_pool import DEFAULT_FLAGS, REPEATABLE_FLAGS, ServerWith
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def server(server_with: ServerWith) -> RunningServer:
     """The default server: 4 parallel sequences, prefix cache on."""
-    with run_server(tmp_path_factory.mktemp("server"), "--parallel", "4") as running:
-        yield running
+    return server_with(*DEFAULT_FLAGS, keep=True)
 
 
 @pytest.fixture(scope="session")
@@ -21,12 +21,11 @@ def client(server: RunningServer) -> openai.OpenAI:
 
 
 @pytest.fixture(scope="session")
-def repeatable_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def repeatable_server(server_with: ServerWith) -> RunningServer:
     """One sequence at a time and no prefix cache: every request is prefilled cold and alone, in the same chunks,
     so the same temperature-0 or seeded request gives the same text every time, streamed or not.
     Only here may a test compare the exact text of two requests (see docs/architecture.md, Repeatability)."""
-    with run_server(tmp_path_factory.mktemp("repeatable"), "--parallel", "1", "--cache-slots", "0") as running:
-        yield running
+    return server_with(*REPEATABLE_FLAGS, keep=True)
 
 
 @pytest.fixture(scope="session")

@@ -10,22 +10,20 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from edge_llm.testing.server import RunningServer, free_port, run_server
-from tests.helpers import scrape, total, wait_for
+from edge_llm.testing.server import RunningServer, free_port
+from tests.helpers import CHAT_CLI_KEY, CHAT_FRONT_ENDS_FLAGS, scrape, total, wait_for
+from tests.server_pool import ServerWith
 
-KEY = "chat-cli-test-key"
+KEY = CHAT_CLI_KEY
 
 
 @pytest.fixture(scope="module")
-def chat_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    with run_server(tmp_path_factory.mktemp("chat"), "--api-key", KEY, "--log-prompts", "--parallel", "2",
-                    "--ctx-size", "4096", "--cache-slots", "2") as running:
-        yield running
+def chat_server(server_with: ServerWith) -> RunningServer:
+    return server_with(*CHAT_FRONT_ENDS_FLAGS)  # shared with the web chat's tests
 
 
 def chat_command(server: RunningServer, *args: str) -> list[str]:

@@ -45,8 +45,9 @@ def runner() -> Iterator[LlamaRunner]:
 def grammar_first_chain(runner: LlamaRunner, params: SamplingParams) -> llama_cpp.llama_sampler_p:
     """What the engine sampled with before the lazy check: grammar first, then bias, penalties, greedy."""
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-    llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_grammar(
-        llama_cpp.llama_model_get_vocab(runner._model), params.grammar.encode(), b"root"))
+    vocab = llama_cpp.llama_model_get_vocab(runner._model)  # noqa: SLF001 - the reference needs llama.cpp's handles
+    llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_grammar(vocab, params.grammar.encode(),
+                                                                                  b"root"))
     if params.logit_bias:
         biases = (llama_cpp.llama_logit_bias * len(params.logit_bias))()
         for i, (token, bias) in enumerate(params.logit_bias):

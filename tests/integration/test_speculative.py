@@ -1,22 +1,22 @@
 """Speculative decoding on the real model (issue 17): greedy answers with drafts are the answers without them.
 
-Both servers run one sequence at a time without the prefix cache (`drafting_server` with `--speculative ngram`,
-`plain_server` with `--speculative off`; `ngram` is the default). A draft changes the batch a token's logits are computed in, which
-changes llama.cpp's rounding as a batch mate does, so two answers may part at a near-tie and nowhere else
-(tests/helpers.agreeing_tokens); a wrongly accepted or lost token is not a near-tie and fails.
+Both servers run one sequence at a time without the prefix cache (`drafting_server`, the session's `repeatable_server`,
+with `--speculative ngram`, the default; `plain_server` with `--speculative off`). A draft changes the batch a token's
+logits are computed in, which changes llama.cpp's rounding as a batch mate does, so two answers may part at a near-tie
+and nowhere else (tests/helpers.agreeing_tokens); a wrongly accepted or lost token is not a near-tie and fails.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from edge_llm.testing.server import RunningServer, run_server
+from edge_llm.testing.server import RunningServer
 from tests.helpers import agreeing_tokens, metric, scrape, total
+from tests.server_pool import REPEATABLE_FLAGS, ServerWith
 
 CHAT = "/v1/chat/completions"
 
@@ -54,17 +54,13 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def drafting_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    with run_server(tmp_path_factory.mktemp("drafting"), "--parallel", "1", "--cache-slots", "0",
-                    "--speculative", "ngram") as running:
-        yield running
+def drafting_server(repeatable_server: RunningServer) -> RunningServer:
+    return repeatable_server  # --speculative ngram is the default
 
 
 @pytest.fixture(scope="module")
-def plain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    with run_server(tmp_path_factory.mktemp("plain"), "--parallel", "1", "--cache-slots", "0",
-                    "--speculative", "off") as running:
-        yield running
+def plain_server(server_with: ServerWith) -> RunningServer:
+    return server_with(*REPEATABLE_FLAGS, "--speculative", "off")
 
 
 def chat(server: RunningServer, content: str, **fields: Any) -> dict[str, Any]:
@@ -80,7 +76,8 @@ def test_greedy_answers_with_drafts_are_the_answers_without(drafting_server: Run
     before = scrape(drafting_server)
     accepted_on_code = 0
     for index, prompt in enumerate(PROMPTS):
-        drafted, plain = chat(drafting_server, prompt), chat(plain_server, prompt)
+        length = 200 if index < 2 else 48  # the code edits long enough to draft a lot; prose only to compare
+        drafted, plain = chat(drafting_server, prompt, max_tokens=length), chat(plain_server, prompt, max_tokens=length)
         entries = drafted["choices"][0]["logprobs"]["content"]
         assert len(entries) == drafted["usage"]["completion_tokens"], "one logprob entry per emitted token"
         shared = agreeing_tokens(entries, plain["choices"][0]["logprobs"]["content"])

@@ -11,7 +11,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,14 +19,15 @@ import httpx
 import pytest
 
 from edge_llm.testing.server import RunningServer, environment, run_server
-from tests.helpers import Samples, scrape, total, wait_for
+from tests.helpers import CHAT_FRONT_ENDS_FLAGS, WEB_CHAT_KEY, Samples, scrape, total, wait_for
+from tests.server_pool import ServerWith
 
 CHROMIUM = Path(os.environ.get("EDGE_LLM_TEST_CHROMIUM") or "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
-KEY = "web-chat-test-key"
+KEY = WEB_CHAT_KEY
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
@@ -41,11 +41,9 @@ def require_chromium() -> None:
 
 
 @pytest.fixture(scope="module")
-def web_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def web_server(server_with: ServerWith) -> RunningServer:
     require_chromium()
-    with run_server(tmp_path_factory.mktemp("web"), "--api-key", KEY, "--parallel", "2", "--ctx-size", "4096",
-                    "--cache-slots", "2") as running:
-        yield running
+    return server_with(*CHAT_FRONT_ENDS_FLAGS)  # shared with edge-llm chat's tests
 
 
 @pytest.fixture(scope="module")
@@ -167,20 +165,22 @@ def test_an_answer_streams_with_live_figures_and_the_conversation_is_kept(chat: 
     chat.page.fill("#system-prompt", "You are a terse assistant.")
     chat.page.fill("#max-tokens", "64")
     set_temperature(chat, 0.2)
+    # Every change of the answer's text before its end is recorded in the page as it happens (a MutationObserver).
+    chat.page.evaluate(
+        "() => { window.answerLengths = []; new MutationObserver(() => {"
+        " const a = document.querySelectorAll('.msg.assistant'); const last = a[a.length - 1];"
+        " if (last && !last.hasAttribute('data-done'))"
+        " window.answerLengths.push(last.querySelector('.body').textContent.length); })"
+        ".observe(document.getElementById('messages'), {childList: true, subtree: true, characterData: true}); }")
     chat.ask("List three uses of a Python dictionary, in markdown.")
-    lengths = []
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        lengths.append(len(chat.last_answer_text()))
-        if len(set(lengths)) == 3:
-            chat.shot("web-chat-streaming.png")
-        if chat.page.locator(".msg.assistant[data-done]").count():
-            break
-        time.sleep(0.05)
+    chat.page.wait_for_function("() => new Set(window.answerLengths.filter(n => n > 0)).size >= 3"
+                                " || document.querySelector('.msg.assistant[data-done]')", timeout=180_000)
+    chat.shot("web-chat-streaming.png")
+    chat.wait_done(1)
+    lengths = chat.page.evaluate("() => window.answerLengths")
     growth = sorted(set(length for length in lengths if length))
     assert len(growth) >= 3, f"the answer did not grow while streaming: {lengths[:50]}"
     # (Rendered text may shrink by a few characters when a closing "**" or "`" arrives and becomes markup.)
-    chat.wait_done(1)
     stats = chat.page.inner_text(".msg.assistant .stats")
     assert "TTFT" in stats and "tok/s" in stats and "tokens" in stats and "prompt" in stats, stats
     chat.shot("web-chat-answer.png")
@@ -222,6 +222,11 @@ def test_stop_cancels_the_generation_on_the_server_and_new_chat_clears(chat: Cha
     chat.page.click("#stop")
     chat.page.wait_for_selector(".msg.assistant[data-stopped]", timeout=10_000)
     partial = chat.last_answer_text()
+    # From here on, every change of the stopped answer is counted in the page, until the server has ended it.
+    chat.page.evaluate(
+        "() => { window.changesAfterStop = 0; const a = document.querySelectorAll('.msg.assistant');"
+        " new MutationObserver(() => { window.changesAfterStop += 1; }).observe(a[a.length - 1],"
+        " {childList: true, subtree: true, characterData: true}); }")
 
     def cancelled() -> bool:
         after = samples(web_server)
@@ -232,8 +237,9 @@ def test_stop_cancels_the_generation_on_the_server_and_new_chat_clears(chat: Cha
     wait_for(cancelled, 15, "the server to count the cancellation")
     assert chat.page.is_visible("#send") and not chat.page.is_visible("#stop")
     assert "stopped" in chat.page.inner_text(".msg.assistant .stats")
-    time.sleep(0.5)
-    assert chat.last_answer_text() == partial  # nothing more arrives after the stop
+    # nothing more arrived after the stop, up to the moment the server counted it cancelled (it sends nothing since)
+    assert chat.page.evaluate("() => window.changesAfterStop") == 0
+    assert chat.last_answer_text() == partial
     chat.shot("web-chat-stopped.png")
 
     chat.page.click("#new-chat")

@@ -19,6 +19,9 @@ from edge_llm.testing.server import RunningServer
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 TIMEOUT = 300  # the machine is shared: assert on outcomes, not on speed
+# The hostile-input and fuzzing server, shared by both files (server_with): at most 8 tokens a choice, two
+# sequences at a time; generation stays cheap.
+HOSTILE_FLAGS = ("--max-tokens-cap", "8", "--ctx-size", "4096", "--parallel", "2", "--cache-slots", "2")
 ENVELOPE_KEYS = {"message", "type", "param", "code"}
 
 

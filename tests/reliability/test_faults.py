@@ -250,7 +250,7 @@ def test_queue_at_capacity_for_a_sustained_period(tmp_path: Path) -> None:
                     "--cache-slots", "0") as server:
         before = scrape(server)
         deadline = time.monotonic() + QUEUE_SECONDS
-        lock = threading.Lock()
+        answered = threading.Condition()  # notified whenever a response comes back: the queue may have moved
         statuses: list[int] = []
         problems: list[str] = []
         readiness: list[tuple[int, str]] = []
@@ -259,13 +259,14 @@ def test_queue_at_capacity_for_a_sustained_period(tmp_path: Path) -> None:
             with httpx.Client(timeout=TIMEOUT) as http:
                 while time.monotonic() < deadline:
                     body = chat_body(f"Name a colour ({index}).", max_tokens=6, stream=index % 2 == 0)
+                    with answered:
+                        accepted_before = statuses.count(200)
                     response = http.post(server.url + CHAT, json=body)
                     problem = None
                     if response.status_code == 503:
                         error = assert_envelope(503, response.content)
                         if error["code"] != "queue_full" or int(response.headers.get("retry-after", "0")) < 1:
                             problem = f"503 without queue_full / Retry-After: {response.headers} {response.text}"
-                        time.sleep(0.1)
                     elif response.status_code == 200:
                         if body["stream"]:
                             chunks = openai_chunks(response.text)
@@ -275,16 +276,23 @@ def test_queue_at_capacity_for_a_sustained_period(tmp_path: Path) -> None:
                             problem = f"incomplete: {response.text}"
                     else:
                         problem = f"status {response.status_code}: {response.text[:300]}"
-                    with lock:
+                    with answered:
                         statuses.append(response.status_code)
                         if problem:
                             problems.append(problem)
+                        answered.notify_all()
+                        if response.status_code == 503:  # back off until an accepted request has ended since
+                            answered.wait_for(lambda: statuses.count(200) > accepted_before, TIMEOUT)
 
         def prober() -> None:
+            """Reads readiness once after each response (when the queue may have moved), not on a timer."""
+            seen = 0
             while time.monotonic() < deadline:
+                with answered:
+                    answered.wait_for(lambda: len(statuses) > seen, TIMEOUT)
+                    seen = len(statuses)
                 response = httpx.get(server.url + "/readyz", timeout=30)
                 readiness.append((response.status_code, response.json()["status"]))
-                time.sleep(0.1)
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(6)] + [threading.Thread(target=prober)]
         for thread in threads:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -21,8 +20,9 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 
-from edge_llm.testing.server import RunningServer, run_server
+from edge_llm.testing.server import RunningServer
 from tests.reliability.support import (
+    HOSTILE_FLAGS,
     Samples,
     TIMEOUT,
     assert_envelope,
@@ -33,6 +33,7 @@ from tests.reliability.support import (
     scrape,
     wait_idle,
 )
+from tests.server_pool import ServerWith
 
 EXAMPLES = env_int("EDGE_LLM_FUZZ_EXAMPLES", 12)
 # schemathesis stops reading an event stream after 20 events (its default `max-stream-events`) and closes the
@@ -85,11 +86,8 @@ WITH_INPUTS = [op for op in OPERATIONS if op[0] == "POST" or op == ("DELETE", "/
 
 
 @pytest.fixture(scope="module")
-def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    # Generation stays cheap: at most 8 tokens a choice, a small context, two sequences at a time.
-    with run_server(tmp_path_factory.mktemp("fuzz"), "--max-tokens-cap", "8", "--ctx-size", "2048",
-                    "--parallel", "2", "--cache-slots", "2") as running:
-        yield running
+def fuzz_server(server_with: ServerWith) -> RunningServer:
+    return server_with(*HOSTILE_FLAGS)  # shared with test_hostile_inputs.py
 
 
 @pytest.fixture(scope="module")

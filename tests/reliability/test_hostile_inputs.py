@@ -15,10 +15,11 @@ import httpx
 import pytest
 
 from edge_llm.api.protocol.openai_chat import ChatCompletionRequest, SimplePromptRequest
-from edge_llm.testing.server import RunningServer, run_server
+from edge_llm.testing.server import RunningServer
 from tests.reliability.support import (
     CHAT,
     COMPLETIONS,
+    HOSTILE_FLAGS,
     TIMEOUT,
     assert_error,
     assert_no_unhandled_errors,
@@ -34,18 +35,18 @@ from tests.reliability.support import (
     wait_for,
     wait_idle,
 )
+from tests.server_pool import ServerWith
 
-CAP = 8  # --max-tokens-cap
+CAP = int(HOSTILE_FLAGS[HOSTILE_FLAGS.index("--max-tokens-cap") + 1])
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture(scope="module")
-def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    with run_server(tmp_path_factory.mktemp("hostile"), "--max-tokens-cap", str(CAP), "--ctx-size", "4096",
-                    "--parallel", "2") as running:
-        yield running
-        assert_serving(running)
-        assert_no_unhandled_errors(running)
+def hostile(server_with: ServerWith) -> Iterator[RunningServer]:
+    running = server_with(*HOSTILE_FLAGS)  # shared with test_fuzz_api.py
+    yield running
+    assert_serving(running)
+    assert_no_unhandled_errors(running)
 
 
 @pytest.fixture()
