@@ -163,15 +163,16 @@ def test_markdown_is_rendered_safely(chat: ChatPage) -> None:
 def test_an_answer_streams_with_live_figures_and_the_conversation_is_kept(chat: ChatPage) -> None:
     chat.set_key()
     chat.page.fill("#system-prompt", "You are a terse assistant.")
-    chat.page.fill("#max-tokens", "64")
+    chat.page.fill("#max-tokens", "24")
     set_temperature(chat, 0.2)
-    # Every change of the answer's text before its end is recorded in the page as it happens (a MutationObserver).
+    # Every rendering of the answer is recorded in the page as it happens (a MutationObserver): each replaces the
+    # answer body's children, and the text of the children it adds is the answer's text at that moment.
     chat.page.evaluate(
-        "() => { window.answerLengths = []; new MutationObserver(() => {"
-        " const a = document.querySelectorAll('.msg.assistant'); const last = a[a.length - 1];"
-        " if (last && !last.hasAttribute('data-done'))"
-        " window.answerLengths.push(last.querySelector('.body').textContent.length); })"
-        ".observe(document.getElementById('messages'), {childList: true, subtree: true, characterData: true}); }")
+        "() => { window.answerLengths = []; new MutationObserver((records) => { for (const r of records) {"
+        " if (!r.target.matches || !r.target.matches('.msg.assistant .body')) continue;"
+        " let n = 0; for (const node of r.addedNodes) n += (node.textContent || '').length;"
+        " window.answerLengths.push(n); } })"
+        ".observe(document.getElementById('messages'), {childList: true, subtree: true}); }")
     chat.ask("List three uses of a Python dictionary, in markdown.")
     chat.page.wait_for_function("() => new Set(window.answerLengths.filter(n => n > 0)).size >= 3"
                                 " || document.querySelector('.msg.assistant[data-done]')", timeout=180_000)
@@ -189,7 +190,7 @@ def test_an_answer_streams_with_live_figures_and_the_conversation_is_kept(chat: 
     assert first["headers"]["authorization"] == f"Bearer {KEY}"
     body = first["body"]
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
-    assert body["temperature"] == 0.2 and body["max_tokens"] == 64 and body["top_p"] == 0.9
+    assert body["temperature"] == 0.2 and body["max_tokens"] == 24 and body["top_p"] == 0.9
     assert body["messages"][0] == {"role": "system", "content": "You are a terse assistant."}
 
     # Shift+Enter is a new line, not a send.

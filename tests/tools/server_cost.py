@@ -117,8 +117,10 @@ def pytest_runtest_logfinish(nodeid: str) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    _LEDGER.files["(session end)"].child_cpu += _children_cpu() + _live_servers_cpu() - sum(
-        cost.child_cpu for cost in _LEDGER.files.values())
+    """What no test was charged with: children reaped after the last test, and the rest of those still running."""
+    charged = sum(cost.child_cpu for cost in _LEDGER.files.values())
+    _live_servers_cpu()
+    _LEDGER.files["(session end)"].child_cpu += _children_cpu() + sum(_LEDGER.servers.values()) - charged
     _write_table()
 
 
