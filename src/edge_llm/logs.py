@@ -1,10 +1,13 @@
 """Logging set-up: JSON lines (default) or text, and the request id on every line about a request.
 
-The id lives in a context variable set by the request middleware; a handler filter copies it onto
-each record, so any `logging.getLogger(__name__)` call made while serving a request carries it.
-Code outside the request's context (the engine thread) passes `extra={"request_id": ...}`.
-Extra fields given with `extra=` become JSON keys (or `key=value` pairs in text mode). With several models
-served, the model a request or an engine thread works for is bound the same way (`bind_model`): a `model` field.
+What a line is about (its `LogSubject`: the request's context, whose id and model it names) is bound to the
+current context by the request middleware (`bind_subject`); a handler filter copies its id (and its model, with
+several models served) onto each record. This is the one fact kept in a ContextVar, and only for log records:
+lines are logged by code that is never handed the request (uvicorn, Starlette, the libraries, helpers deep in a
+call), and a ContextVar follows the request's task and what it awaits. Serving code gets the context passed
+explicitly (api/request_context.py). Code outside the request's context (the engine thread) passes
+`extra={"request_id": ...}`; an engine thread binds the model it runs (`bind_model`).
+Extra fields given with `extra=` become JSON keys (or `key=value` pairs in text mode).
 """
 
 from __future__ import annotations
@@ -15,11 +18,30 @@ import re
 import sys
 import uuid
 from contextvars import ContextVar, Token
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
-_request_id: ContextVar[str | None] = ContextVar("edge_llm_request_id", default=None)
-_model: ContextVar[str | None] = ContextVar("edge_llm_model", default=None)
+
+class LogSubject(Protocol):
+    """What log lines are about: a request (its id; its model when several are served) or an engine thread."""
+
+    @property
+    def id(self) -> str | None: ...
+
+    @property
+    def model(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class ModelThread:
+    """An engine thread's lines name its model and no request."""
+
+    model: str
+    id: None = None
+
+
+_subject: ContextVar[LogSubject | None] = ContextVar("edge_llm_log_subject", default=None)
 _SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:@+=-]{1,128}")  # no "/": the engine uses "<id>/<choice>" for n>1
 
 # Attributes every LogRecord has; anything else on a record came from `extra=`.
@@ -40,31 +62,31 @@ def sane_request_id(value: str | None) -> str | None:
 
 
 def current_request_id() -> str | None:
-    return _request_id.get()
+    """The id of the request this context's log lines are about (the watchdog names it when work overruns)."""
+    subject = _subject.get()
+    return subject.id if subject is not None else None
 
 
-def bind_request_id(value: str) -> Token[str | None]:
-    return _request_id.set(value)
+def bind_subject(subject: LogSubject) -> Token[LogSubject | None]:
+    """Every line logged in this context (a request's task and what it awaits) is about `subject`."""
+    return _subject.set(subject)
 
 
-def unbind_request_id(token: Token[str | None]) -> None:
-    _request_id.reset(token)
+def unbind_subject(token: Token[LogSubject | None]) -> None:
+    _subject.reset(token)
 
 
-def bind_model(name: str) -> Token[str | None]:
-    """Names the model on every log line of this context (a request's task, or an engine thread)."""
-    return _model.set(name)
-
-
-def unbind_model(token: Token[str | None]) -> None:
-    _model.reset(token)
+def bind_model(name: str) -> Token[LogSubject | None]:
+    """Names the model on every log line of this engine thread."""
+    return _subject.set(ModelThread(name))
 
 
 class RequestIdFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
+        subject = _subject.get()
         if getattr(record, "request_id", None) is None:
-            record.request_id = _request_id.get()
-        model = _model.get()
+            record.request_id = subject.id if subject is not None else None
+        model = subject.model if subject is not None else None
         if model is not None and not hasattr(record, "model"):
             record.model = model
         return True

@@ -3,6 +3,7 @@ envelope; answers checked against the official anthropic package's types, so its
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -13,7 +14,8 @@ from anthropic.types import Message, RawMessageStreamEvent
 from pydantic import TypeAdapter, ValidationError
 
 from edge_llm.api.errors import APIError, speaks_anthropic
-from edge_llm.api.middleware import _error_code
+from edge_llm.api.request_context import CONTEXT_KEY, RequestContext
+from edge_llm.api.telemetry import RequestRecord
 from edge_llm.api.protocol.anthropic import (
     CountTokensRequest,
     MessagesRequest,
@@ -231,8 +233,26 @@ def test_errors_on_the_messages_routes_wear_anthropics_envelope(status: int, kin
     assert json.loads(error.response("/v1/messages/count_tokens").body)["type"] == "error"
     assert json.loads(error.response("/v1/chat/completions").body)["error"]["code"] == "some_code"
     assert not speaks_anthropic("/v1/messagesx") and not speaks_anthropic(None)
-    # the access line and the rejection metrics read the code from either envelope
-    assert _error_code(error.response("/v1/messages").body) == _error_code(error.response("/x").body) == "some_code"
+    # the access line and the rejection metrics get the code as data, from either envelope (not out of its JSON)
+    for path in ("/v1/messages", "/x", "/api/chat"):
+        assert sent_error_code(error, path) == "some_code"
+
+
+def sent_error_code(error: APIError, path: str) -> str | None:
+    """The error code noted in the request's context when `error`'s response is sent on `path`."""
+    context = RequestContext(RequestRecord("req", "POST", path, 0.0))
+    scope = {"type": "http", "method": "POST", "path": path, "headers": [], CONTEXT_KEY: context}
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b""}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(error.response(path)(scope, receive, send))
+    assert sent[0]["status"] == error.status
+    return context.record.error_code
 
 
 def test_x_api_key_is_a_key_and_every_credential_given_must_be_one() -> None:

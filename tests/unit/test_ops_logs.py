@@ -6,10 +6,17 @@ import io
 import json
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 
-from edge_llm.logs import bind_request_id, configure_logging, sane_request_id, unbind_request_id
+from edge_llm.logs import ModelThread, bind_model, bind_subject, configure_logging, sane_request_id, unbind_subject
+
+
+@dataclass(frozen=True)
+class Subject:
+    id: str | None
+    model: str | None = None
 
 
 @pytest.fixture
@@ -27,11 +34,11 @@ def stream() -> Iterator[io.StringIO]:
 def test_json_lines_carry_the_request_id_and_extra_fields(stream: io.StringIO) -> None:
     configure_logging("info", "json", stream)
     log = logging.getLogger("edge_llm.test")
-    token = bind_request_id("req-1")
+    token = bind_subject(Subject("req-1"))
     try:
         log.info("hello %s", "world", extra={"status": 200, "path": "/x"})
     finally:
-        unbind_request_id(token)
+        unbind_subject(token)
     log.warning("outside")
     log.info("from the engine thread", extra={"request_id": "req-2"})
     log.debug("hidden")
@@ -55,13 +62,32 @@ def test_exceptions_stay_inside_the_json_line(stream: io.StringIO) -> None:
 
 def test_text_lines(stream: io.StringIO) -> None:
     configure_logging("info", "text", stream)
-    token = bind_request_id("req-9")
+    token = bind_subject(Subject("req-9"))
     try:
         logging.getLogger("edge_llm.test").info("GET / 200", extra={"duration_ms": 1.5})
     finally:
-        unbind_request_id(token)
+        unbind_subject(token)
     line = stream.getvalue().strip()
     assert "INFO edge_llm.test: GET / 200" in line and "request_id=req-9" in line and "duration_ms=1.5" in line
+
+
+def test_lines_name_the_subjects_model_and_an_engine_threads_model(stream: io.StringIO) -> None:
+    configure_logging("info", "json", stream)
+    log = logging.getLogger("edge_llm.test")
+    token = bind_subject(Subject("req-3", "qwen"))
+    try:
+        log.info("served")
+    finally:
+        unbind_subject(token)
+    token = bind_model("gemma")
+    try:
+        log.info("decoded")
+    finally:
+        unbind_subject(token)
+    served, decoded = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert served["request_id"] == "req-3" and served["model"] == "qwen"
+    assert decoded["model"] == "gemma" and "request_id" not in decoded
+    assert ModelThread("gemma").id is None
 
 
 def test_configure_twice_keeps_one_handler(stream: io.StringIO) -> None:

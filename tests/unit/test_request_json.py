@@ -12,6 +12,8 @@ import pytest
 from starlette.requests import Request
 
 from edge_llm.api.errors import APIError
+from edge_llm.api.request_context import CONTEXT_KEY, RequestContext, request_context
+from edge_llm.api.telemetry import RequestRecord
 from edge_llm.api.serving import body as body_module
 from edge_llm.api.serving.body import json_object, request_json
 
@@ -20,7 +22,9 @@ def request_with(raw: bytes) -> Request:
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": raw, "more_body": False}
 
-    return Request({"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}, receive)
+    context = RequestContext(RequestRecord("req", "POST", "/v1/chat/completions", 0.0))
+    return Request({"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": [],
+                    CONTEXT_KEY: context}, receive)
 
 
 def test_the_body_is_parsed_once_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -36,6 +40,7 @@ def test_the_body_is_parsed_once_per_request(monkeypatch: pytest.MonkeyPatch) ->
     first, second = asyncio.run(read_twice())
     assert first is second and len(first["logit_bias"]) == 1000
     assert parses == [raw]
+    assert request_context(request).body is first and request_context(request).body_bytes == len(raw)
 
 
 def test_a_body_that_is_not_json_is_refused_by_every_reader() -> None:

@@ -16,7 +16,8 @@ from edge_llm.api.protocol.responses import ResponsesRequest, set_aside_unread
 from edge_llm.api.serving.responses import answer_events, encode, refuse_unsupported
 from edge_llm.api.serving.responses_events import ResponseBuilder
 from edge_llm.engine.types import Usage
-from edge_llm.prompting.tools import ParsedToolCall, ToolCallParser
+from edge_llm.api.serving.tool_calls import ToolCallTail
+from edge_llm.prompting.tools import ParsedToolCall
 from tests.helpers import parse_sse
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",
@@ -154,10 +155,10 @@ def test_a_text_answer_streams_the_full_event_sequence_and_ends_in_the_same_resp
 
 def test_a_tool_call_is_a_function_call_item_and_leading_whitespace_makes_no_message() -> None:
     answer = builder(tools=[WEATHER], tool_choice="required")
-    parser = ToolCallParser()
+    tail = ToolCallTail(["get_weather"])
     events = answer.start()
     for piece in ["\n", '<tool_call>\n{"name": "get_weather", ', '"arguments": {"city": "Paris"}}\n</tool_call>']:
-        events += answer_events(answer, parser, piece)
+        events += answer_events(answer, tail, piece)
     events += answer.finish(USAGE)
     assert [e["type"] for e in events] == [
         "response.created", "response.in_progress", "response.output_item.added",
@@ -174,11 +175,11 @@ def test_a_tool_call_is_a_function_call_item_and_leading_whitespace_makes_no_mes
 
 def test_with_auto_a_bare_call_to_a_declared_function_is_a_function_call_item() -> None:
     answer = builder(tools=[WEATHER])
-    parser = ToolCallParser(["get_weather"])
+    tail = ToolCallTail(["get_weather"])
     events = [e for piece in ['{"name": "get_weather", ', '"arguments": {"city": "Rome"}}']
-              for e in answer_events(answer, parser, piece)]
+              for e in answer_events(answer, tail, piece)]
     assert events == []  # held until the answer ends: it might still turn out to be text
-    rest, calls = parser.finish()
+    rest, calls = tail.finish()
     assert rest == "" and [e["type"] for e in answer.tool_call(calls[0])][0] == "response.output_item.added"
     final = Response.model_validate(answer.finish(USAGE)[-1]["response"])
     assert [item.type for item in final.output] == ["function_call"] and final.output_text == ""

@@ -1,7 +1,7 @@
 """The app factory: routes, error handlers, middleware, and a lifespan that runs the model registry (one engine
 per loaded model, each reached only through its facade, `EngineClient`).
 
-Middleware, outermost first: RequestContext (request id, access log, metrics, send timeout; outside
+Middleware, outermost first: RequestTracking (request id, access log, metrics, send timeout; outside
 even Starlette's error middleware) → HeaderLimit → HostGuard → CORS (with --cors-origins) →
 ApiKeyAuth (with keys) → ShutdownGate → BodySizeLimit → routes.
 """
@@ -20,7 +20,7 @@ from starlette.types import ASGIApp
 from edge_llm import __version__
 from edge_llm.api.errors import register_error_handlers
 from edge_llm.api.lifecycle import Lifecycle
-from edge_llm.api.middleware import BodySizeLimit, HeaderLimit, RequestContext, ShutdownGate
+from edge_llm.api.middleware import BodySizeLimit, HeaderLimit, RequestTracking, ShutdownGate
 from edge_llm.api.protocol.openai_chat import ChatCompletionRequest, SimplePromptRequest
 from edge_llm.api.protocol.openai_completions import CompletionRequest
 from edge_llm.api.protocol.models import ModelLoadRequest
@@ -56,11 +56,11 @@ _FATAL_GRACE = 5.0  # seconds for in-flight requests to receive their error once
 
 
 class EdgeApp(FastAPI):
-    """FastAPI with `RequestContext` wrapped around the whole middleware stack."""
+    """FastAPI with `RequestTracking` wrapped around the whole middleware stack."""
 
     def build_middleware_stack(self) -> ASGIApp:
         state = self.state
-        return RequestContext(
+        return RequestTracking(
             super().build_middleware_stack(),
             metrics=state.metrics,
             records=state.records,

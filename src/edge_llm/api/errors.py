@@ -13,8 +13,10 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from starlette.types import Receive, Scope, Send
 
 from edge_llm.api.protocol.errors import AnthropicErrorDetail, AnthropicErrorResponse, ErrorDetail, ErrorResponse
+from edge_llm.api.request_context import scope_context
 from edge_llm.prompting.chat_template import TemplateError
 from edge_llm.engine.types import EngineUnavailableError, QueueFullError
 
@@ -101,7 +103,22 @@ class APIError(Exception):
             body = {"error": self.ollama_message or self.message}
         else:
             body = ErrorResponse(error=self.detail()).model_dump()
-        return JSONResponse(body, status_code=self.status, headers=self.headers)
+        return ErrorJSONResponse(body, status_code=self.status, headers=self.headers, code=self.code)
+
+
+class ErrorJSONResponse(JSONResponse):
+    """An error's answer, which notes its code in the request's context as it is sent: the access line and the
+    rejection metrics take the code from there, as data (never out of the body's JSON)."""
+
+    def __init__(self, content: Any, *, status_code: int, headers: dict[str, str] | None, code: str | None) -> None:
+        super().__init__(content, status_code=status_code, headers=headers)
+        self.code = code
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        context = scope_context(scope)
+        if context is not None:
+            context.note_error(self.code)
+        await super().__call__(scope, receive, send)
 
 
 def invalid_request(message: str, *, param: str | None = None, code: str | None = "invalid_value") -> APIError:

@@ -1,7 +1,8 @@
 """ASGI middleware that must see requests before FastAPI does.
 
-`RequestContext` is the outermost layer (see `app.create_app`): request id, access line, HTTP
-metrics, in-flight accounting and the send timeout that disconnects clients who stop reading.
+`RequestTracking` is the outermost layer (see `app.create_app`): it makes the request's context
+(api/request_context.py: id, record, body, ignored fields, timings), writes the access line and HTTP metrics,
+keeps the in-flight count and the send timeout that disconnects clients who stop reading.
 The others refuse early: too many headers, shutting down, body too large.
 """
 
@@ -24,9 +25,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from edge_llm.api.errors import APIError
 from edge_llm.api.lifecycle import Lifecycle
-from edge_llm.api.params import IGNORED_FIELDS_HEADER, ignored_fields_header, track_ignored_fields
-from edge_llm.api.telemetry import RequestRecord, RequestRecords
-from edge_llm.logs import bind_request_id, new_request_id, sane_request_id, unbind_request_id
+from edge_llm.api.params import IGNORED_FIELDS_HEADER, ignored_fields_header
+from edge_llm.api.request_context import CONTEXT_KEY, RequestContext
+from edge_llm.api.telemetry import RequestRecords
+from edge_llm.logs import bind_subject, new_request_id, sane_request_id, unbind_subject
 from edge_llm.api.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -48,7 +50,6 @@ _REJECTION_BY_CODE = {
     "engine_unavailable": "engine_unavailable",
     "model_memory_busy": "model_memory_busy",
 }
-_MAX_ERROR_BODY = 16384
 
 
 _date_cache: tuple[int, bytes] = (0, b"")
@@ -61,15 +62,6 @@ def _http_date() -> bytes:
     if _date_cache[0] != now:
         _date_cache = (now, formatdate(now, usegmt=True).encode())
     return _date_cache[1]
-
-
-def _error_code(body: bytes) -> str | None:
-    try:
-        error = json.loads(body)["error"]
-        code = error.get("code") or (error.get("details") or {}).get("error_code")  # Anthropic's envelope
-        return str(code) if code else None
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None
 
 
 def _abort_connection(send: Send) -> None:
@@ -102,7 +94,7 @@ def _bound_stream_buffering(send: Send) -> None:
         pass
 
 
-class RequestContext:
+class RequestTracking:
     def __init__(
         self,
         app: ASGIApp,
@@ -132,13 +124,13 @@ class RequestContext:
             sane_request_id(Headers(scope=scope).get("x-request-id")) or new_request_id(),
             scope["method"], scope["path"], time.monotonic(),
         )
-        token = bind_request_id(record.request_id)
+        context = scope[CONTEXT_KEY] = RequestContext(record)
+        token = bind_subject(context)
         counted = scope["path"] not in QUIET_PATHS
         if counted:
             self.lifecycle.in_flight += 1
         id_header = (b"x-request-id", record.request_id.encode())
-        ignored_fields = track_ignored_fields()
-        error_body: bytearray | None = None
+        ignored_fields = context.ignored_fields
         request_body: bytearray | None = bytearray() if self.log_prompts and counted else None
         send_timeout = self.send_timeout
 
@@ -150,7 +142,6 @@ class RequestContext:
             return message
 
         async def send_and_watch(message: Message) -> None:
-            nonlocal error_body
             if message["type"] == "http.response.start":
                 record.status = message["status"]
                 headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != b"x-request-id"]
@@ -159,14 +150,10 @@ class RequestContext:
                 if ignored_fields and not any(k.lower() == IGNORED_FIELDS_HEADER.encode() for k, _ in headers):
                     headers.append((IGNORED_FIELDS_HEADER.encode(), ignored_fields_header(ignored_fields)))
                 message = {**message, "headers": headers}
-                if record.status >= 400:
-                    error_body = bytearray()
-                elif send_timeout > 0 and any(k.lower() == b"content-type" and v.startswith(_STREAM_TYPES)
-                                              for k, v in headers):
+                if record.status < 400 and send_timeout > 0 and any(
+                        k.lower() == b"content-type" and v.startswith(_STREAM_TYPES) for k, v in headers):
                     _bound_stream_buffering(send)
             elif message["type"] == "http.response.body":
-                if error_body is not None and len(error_body) < _MAX_ERROR_BODY:
-                    error_body.extend(message.get("body", b""))
                 if send_timeout > 0:
                     try:
                         with anyio.fail_after(send_timeout):
@@ -190,12 +177,10 @@ class RequestContext:
             if counted:
                 self.lifecycle.in_flight -= 1
             self.records.close(record)
-            if error_body:
-                record.error_code = record.error_code or _error_code(bytes(error_body))
             try:
-                self._account(scope, record, request_body)
+                self._account(scope, context, request_body)
             finally:
-                unbind_request_id(token)
+                unbind_subject(token)
 
     def _route(self, scope: Scope) -> str:
         route = scope.get("route")
@@ -206,7 +191,8 @@ class RequestContext:
                     break
         return getattr(route, "path", None) or "unmatched"
 
-    def _account(self, scope: Scope, record: RequestRecord, request_body: bytearray | None) -> None:
+    def _account(self, scope: Scope, context: RequestContext, request_body: bytearray | None) -> None:
+        record = context.record
         duration = time.monotonic() - record.started
         route = self._route(scope)
         metrics = self.metrics
@@ -239,17 +225,20 @@ class RequestContext:
         if record.idle_timeout:
             fields["idle_timeout"] = True
         if request_body is not None:
-            fields["prompt"] = _prompt_of(bytes(request_body))
+            fields["prompt"] = _prompt_of(context.body, bytes(request_body))
             fields["output"] = record.output
         level = logging.DEBUG if record.path in QUIET_PATHS else logging.INFO
         access_logger.log(level, "%s %s %d", record.method, record.path, record.status, extra=fields)
 
 
-def _prompt_of(body: bytes) -> Any:
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        return body[:4096].decode("utf-8", "replace")
+def _prompt_of(parsed: dict[str, Any] | None, body: bytes) -> Any:
+    """The prompt of a body (--log-prompts): from the parsed body when the request got that far (it is not parsed
+    again), else the raw body's start."""
+    if parsed is None:
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            return body[:4096].decode("utf-8", "replace")
     if isinstance(parsed, dict):
         return parsed.get("messages", parsed.get("prompt"))
     return None

@@ -1,7 +1,7 @@
 """A request's model: the body's `model` (and Ollama's `keep_alive`) pick the engine that serves it.
 
-The route hands its endpoint family and handler to `with_model`: the body is read once for those two fields (the
-family's serving object parses it again, from Starlette's cached bytes), the registry gives a lease on the model
+The route hands its endpoint family and handler to `with_model`: the body is parsed once (kept in the request's
+context, where the family's serving object finds it), the registry gives a lease on the model
 (loading it first when needed: `timings.load_ms` says how long the request waited), the family's serving object
 for that model's engine handles the request, and the lease is released when the response has been sent.
 """
@@ -19,10 +19,9 @@ from starlette.types import Receive, Scope, Send
 
 from edge_llm.api.errors import APIError
 from edge_llm.api.serving import Serving, build_serving
-from edge_llm.api.serving.base import load_wait_ms
+from edge_llm.api.request_context import request_context
 from edge_llm.api.serving.body import request_json
 from edge_llm.config import Settings
-from edge_llm.logs import bind_model, current_request_id, unbind_model
 from edge_llm.registry.keep_alive import parse_keep_alive
 from edge_llm.registry.registry import (
     DEFAULT_KEEP_ALIVE,
@@ -44,23 +43,16 @@ async def with_model(request: Request, family: type[Family],
     registry = cast(ModelRegistry, app_state.registry)
     name, keep_alive = await requested_model(request)
     lease = await acquire(registry, name, keep_alive)
-    model_token = None
+    context = request_context(request)
     if registry.on_demand:  # the log lines and the access line name the model
-        model_token = bind_model(lease.entry.name)
-        record = app_state.records.get(current_request_id() or "")
-        if record is not None:
-            record.model = lease.entry.name
-    load_token = load_wait_ms.set(lease.load_ms)
+        context.model = lease.entry.name
+    context.load_wait_ms = lease.load_ms
     try:
         serving = serving_for(app_state.settings, lease.entry)[family]
         response = await handler(cast(Family, serving))
     except BaseException:
         lease.release()
         raise
-    finally:
-        load_wait_ms.reset(load_token)
-        if model_token is not None:
-            unbind_model(model_token)
     return LeasedResponse(response, lease)
 
 

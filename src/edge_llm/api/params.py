@@ -5,34 +5,26 @@ Clients written for other servers send keys this one does not know, at every dep
 `samplers`, vLLM's `use_beam_search`, an SDK's `annotations` and `refusal` on an echoed assistant message,
 `cache_control` on a content part, llama.vscode's `time` on an `input_extra` chunk. Request models keep them aside
 while validating (`protocol.common.RequestModel`); `take_unknown` then collects their dotted paths and drops them. The
-paths are logged and named in the `X-Edge-LLM-Ignored-Fields` response header, which the request middleware adds
-from the list this module keeps for the request in flight.
+paths are logged and kept in the request's context (api/request_context.py), from which the request middleware
+names them in the `X-Edge-LLM-Ignored-Fields` response header.
 """
 
 from __future__ import annotations
 
 import logging
-from contextvars import ContextVar
 from typing import Any, TypeVar
 from urllib.parse import quote
 
 from pydantic import BaseModel, ValidationError
 
 from edge_llm.api.errors import APIError, from_pydantic
+from edge_llm.api.request_context import RequestContext
 
 logger = logging.getLogger(__name__)
 
 IGNORED_FIELDS_HEADER = "x-edge-llm-ignored-fields"
 MAX_REPORTED_FIELDS = 32  # in the header and the log line; a body may hold thousands of unknown keys
 Body = TypeVar("Body", bound=BaseModel)
-_ignored: ContextVar[list[str] | None] = ContextVar("edge_llm_ignored_fields", default=None)
-
-
-def track_ignored_fields() -> list[str]:
-    """A fresh list for the request starting in this context (the middleware calls this)."""
-    fields: list[str] = []
-    _ignored.set(fields)
-    return fields
 
 
 def ignored_fields_header(fields: list[str]) -> bytes:
@@ -75,19 +67,18 @@ def _natural(path: str) -> list[tuple[int, int | str]]:
     return [(0, int(part)) if part.isascii() and part.isdigit() else (1, part) for part in path.split(".")]
 
 
-def report_ignored(paths: list[str]) -> None:
-    """Logs the ignored keys and adds them to the request's header."""
+def report_ignored(context: RequestContext, paths: list[str]) -> None:
+    """Logs the ignored keys and adds them to the request's context (each once, in order), for its header."""
     if not paths:
         return
     shown = ", ".join(paths[:MAX_REPORTED_FIELDS]) + (" …" if len(paths) > MAX_REPORTED_FIELDS else "")
     logger.warning("ignored request fields: %s (--strict-params refuses them)", shown)
-    fields = _ignored.get()
-    if fields is not None:  # (a set for the test: `in` on the list made 40,000 unknown keys take 20 s, issue 41)
-        seen = set(fields)
-        fields.extend(path for path in dict.fromkeys(paths) if path not in seen)
+    fields = context.ignored_fields
+    seen = set(fields)  # (a set for the test: `in` on the list made 40,000 unknown keys take 20 s, issue 41)
+    fields.extend(path for path in dict.fromkeys(paths) if path not in seen)
 
 
-def parse_body(model: type[Body], body: dict[str, Any], *, strict: bool) -> Body:
+def parse_body(context: RequestContext, model: type[Body], body: dict[str, Any], *, strict: bool) -> Body:
     """`body` validated as `model`; keys its models do not know, at any depth, are ignored and reported, or refused
     when `strict` (`--strict-params`)."""
     try:
@@ -100,5 +91,5 @@ def parse_body(model: type[Body], body: dict[str, Any], *, strict: bool) -> Body
     if unknown and strict:
         raise APIError(400, f"Unrecognized request argument supplied: {unknown[0]}", param=unknown[0],
                        code="unknown_parameter")
-    report_ignored(unknown)
+    report_ignored(context, unknown)
     return parsed

@@ -18,7 +18,7 @@ from edge_llm.api.protocol.ollama import (
     OllamaGenerateResponse,
 )
 from edge_llm.api.routes import _json_body as json_body
-from edge_llm.api.serving.body import json_object
+from edge_llm.api.serving.body import request_json
 from edge_llm.api.serving.ollama import OllamaServing, unload
 from edge_llm.api.serving.ollama_embed import OllamaEmbedServing
 from edge_llm.api.serving.ollama_models import OllamaModelServing
@@ -67,7 +67,7 @@ async def _generation(request: Request, content: str, handler: Any) -> Response:
     """A request without `content` (messages, prompt) and with keep_alive 0 unloads its model without loading it,
     as Ollama does; every other one is served by the model it names."""
     try:
-        body = json_object(await request.body())
+        body = await request_json(request)
     except APIError:
         body = {}  # the serving object refuses the body with the same 400
     if body and not body.get(content) and keep_alive_of(body) == 0:

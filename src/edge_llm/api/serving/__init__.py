@@ -1,4 +1,5 @@
-"""The serving layer: one module per endpoint family, each a `Serving` subclass; `base` holds what they share.
+"""The serving layer: one module per endpoint family, each a `Serving` subclass; `base` holds the steps they share,
+`core` what one model's families share (one prompt builder, one grammar cache), `tool_calls` the tool-call tail.
 
 A request goes route (api/routes.py) → the model it names (api/model_routing.py) → its family's serving object
 for that model's engine → the engine facade (edge_llm.engine.facade). `models.ModelServing` (/v1/models, load,
@@ -11,6 +12,7 @@ from __future__ import annotations
 from edge_llm.api.serving.base import Serving
 from edge_llm.api.serving.chat import ChatServing
 from edge_llm.api.serving.completions import CompletionServing
+from edge_llm.api.serving.core import ModelCore
 from edge_llm.api.serving.embeddings import EmbeddingServing
 from edge_llm.api.serving.infill import InfillServing
 from edge_llm.api.serving.messages import MessagesServing
@@ -30,8 +32,10 @@ FAMILIES: tuple[type[Serving], ...] = (ChatServing, MessagesServing, CompletionS
 
 def build_serving(settings: Settings, engine: EngineClient,
                   names: tuple[str, ...] = ()) -> dict[type[Serving], Serving]:
-    """One serving object per endpoint family for one model's engine, by class (what the routes look up)."""
-    return {family: family(settings, engine, names) for family in FAMILIES}
+    """One serving object per endpoint family for one model's engine, by class (what the routes look up), all on
+    the model's one core (its prompt builder and grammar cache)."""
+    core = ModelCore(engine, settings.model_name)
+    return {family: family(settings, engine, core, names) for family in FAMILIES}
 
 
 __all__ = ["FAMILIES", "ChatServing", "CompletionServing", "EmbeddingServing", "InfillServing", "MessagesServing",

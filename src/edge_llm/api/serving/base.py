@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from contextvars import ContextVar
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -20,14 +19,15 @@ from pydantic import BaseModel
 from edge_llm.api.errors import APIError, from_engine_error, invalid_request
 from edge_llm.api.limits import cap_max_tokens, check_prompt_tokens
 from edge_llm.api.params import parse_body
-from edge_llm.api.protocol.llama_server import LlamaServerFields
+from edge_llm.api.request_context import RequestContext, request_context
+from edge_llm.api.serving.core import ModelCore
 from edge_llm.api.serving.body import request_json
 from edge_llm.api.serving.outcome import ChoiceResult, Generation, prefill_note, usage_info, total_usage, merged_timings, failure_error, engine_unavailable
 from edge_llm.api.serving.progress import PrefillBeats
 from edge_llm.api.protocol.common import SamplingDefaults
 from edge_llm.api.sse import DONE, EventStreamResponse, encode_json_event
 from edge_llm.config import Settings
-from edge_llm.engine.facade import EngineClient, GrammarError
+from edge_llm.engine.facade import EngineClient
 from edge_llm.engine.types import (
     EngineError,
     EngineUnavailableError,
@@ -38,7 +38,6 @@ from edge_llm.engine.types import (
     SamplingParams,
     TextDelta,
 )
-from edge_llm.logs import current_request_id, new_request_id
 from edge_llm.prompting.chat_template import TemplateError
 from edge_llm.registry.names import same_name
 
@@ -47,24 +46,23 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 BodyModel = TypeVar("BodyModel", bound=BaseModel)
 
-# How long this request waited for its model to load (api/model_routing.py sets it): `timings.load_ms`.
-load_wait_ms: ContextVar[float] = ContextVar("edge_llm_load_wait_ms", default=0.0)
-
 # A request whose body is larger than this has its tokenizer-thread work (prompt, template, grammar: seconds for a
 # megabyte) done in the engine's bulk thread, so that ordinary requests never queue behind it (docs/reliability.md).
 BULK_BODY_BYTES = 64 * 1024
-_body_bytes: ContextVar[int] = ContextVar("edge_llm_body_bytes", default=0)
-
 
 
 class Serving:
     """The base of every endpoint family: the settings, the engine facade and the steps they all take."""
 
-    def __init__(self, settings: Settings, engine: EngineClient, names: tuple[str, ...] = ()) -> None:
-        """`names`: every name of the model (api/model_routing.py resolves them); by default its id, file name
-        and --model-alias."""
+    def __init__(self, settings: Settings, engine: EngineClient, core: ModelCore, names: tuple[str, ...] = ()
+                 ) -> None:
+        """`core`: what the model's families share (its prompt builder and grammar cache: serving/core.py);
+        `names`: every name of the model (api/model_routing.py resolves them); by default its id, file name and
+        --model-alias."""
         self.settings = settings
         self.engine = engine
+        self.core = core
+        self.grammars = core.grammars
         self.defaults = SamplingDefaults(
             temperature=settings.default_temperature,
             top_p=settings.default_top_p,
@@ -94,29 +92,32 @@ class Serving:
 
     # ---- the body --------------------------------------------------------------------------------
 
-    async def json_body(self, request: Request) -> dict[str, Any]:
-        _body_bytes.set(len(await request.body()))  # this request's task only: `off_loop` picks its thread by it
+    @staticmethod
+    async def json_body(request: Request) -> dict[str, Any]:
+        """The body as a JSON object, parsed once (its size noted in the request's context: `off_loop` picks its
+        thread by it)."""
         return await request_json(request)
 
-    def parse(self, model: type[BodyModel], body: dict[str, Any]) -> BodyModel:
+    def parse(self, context: RequestContext, model: type[BodyModel], body: dict[str, Any]) -> BodyModel:
         """`body` validated as `model`; keys its models do not know, at any depth, are ignored and reported
         (api/params.py), or refused with `--strict-params`."""
         if "keep_alive" in body:  # Ollama's field, accepted in every body: the model router reads it
             body = {key: value for key, value in body.items() if key != "keep_alive"}
-        return parse_body(model, body, strict=self.settings.strict_params)
+        return parse_body(context, model, body, strict=self.settings.strict_params)
 
     async def read(self, request: Request, model: type[BodyModel]) -> BodyModel:
         """The body parsed as `model`, and the model it names checked."""
-        body = self.parse(model, await self.json_body(request))
+        body = self.parse(request_context(request), model, await self.json_body(request))
         self.check_model(getattr(body, "model", None))
         return body
 
     # ---- the vocabulary --------------------------------------------------------------------------
 
-    async def off_loop(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def off_loop(self, context: RequestContext, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Runs in the tokenizer thread (a large request's work: in the bulk thread): vocabulary, template and
         grammar work never blocks the event loop."""
-        run_in = self.engine.in_bulk_thread if _body_bytes.get() > BULK_BODY_BYTES else self.engine.in_tokenizer_thread
+        bulk = context.body_bytes > BULK_BODY_BYTES
+        run_in = self.engine.in_bulk_thread if bulk else self.engine.in_tokenizer_thread
         try:
             return await run_in(function, *args, **kwargs)
         except EngineUnavailableError as exc:
@@ -164,33 +165,14 @@ class Serving:
                                   param=param, code="fim_not_supported")
         return info.fim
 
-    # ---- grammars (run in the tokenizer thread) ---------------------------------------------------
-
-    def schema_to_gbnf(self, schema: dict[str, Any], *, param: str = "response_format") -> str:
-        try:
-            return self.engine.json_schema_to_grammar(schema)
-        except GrammarError as exc:
-            raise invalid_request(str(exc), param=param, code="invalid_schema") from None
-
-    def checked_grammar(self, grammar: str, *, param: str) -> str:
-        try:
-            self.engine.check_grammar(grammar)
-        except GrammarError as exc:
-            raise invalid_request(f"{exc}", param=param, code="invalid_schema") from None
-        return grammar
-
-    def native_grammar(self, body: LlamaServerFields) -> str | None:
-        """llama-server's `grammar` (GBNF) or `json_schema`, checked as response grammars are."""
-        if body.grammar is not None and body.json_schema is not None:
-            raise invalid_request("give grammar or json_schema, not both", param="grammar")
-        if body.grammar is not None:
-            return self.checked_grammar(body.grammar, param="grammar")
-        if body.json_schema is not None:
-            return self.checked_grammar(self.schema_to_gbnf(body.json_schema, param="json_schema"),
-                                        param="json_schema")
-        return None
-
     # ---- prompts in the context ------------------------------------------------------------------
+
+    def chat_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
+                    continue_final: bool = False) -> list[int]:
+        """Messages → tokens through the model's one prompt builder; a prompt that cannot fit is refused before it
+        is tokenized (runs in the tokenizer thread)."""
+        return self.core.chat_prompt(messages, tools, continue_final=continue_final,
+                                     before_tokenizing=self.check_prompt_bytes)
 
     @property
     def context_limit(self) -> int:
@@ -244,6 +226,7 @@ class Serving:
 
     def start(
         self,
+        context: RequestContext,
         prompts: list[list[int]],
         *,
         n: int,
@@ -257,7 +240,7 @@ class Serving:
     ) -> Generation:
         """Submits one engine request per choice; choices of one prompt share its prefill (see scheduler).
         Fill-in-the-middle requests may move a chunk of the previous keystroke's prompt (`--cache-reuse`)."""
-        request_id = current_request_id() or new_request_id()  # the middleware's id
+        request_id = context.id
         budgets = [self.fit(prompt, max_tokens) for prompt in prompts]
         choices = len(prompts) * n
         requests = [
@@ -278,8 +261,8 @@ class Serving:
             channel = self.engine.submit(requests)
         except EngineError as exc:
             raise from_engine_error(exc) from None
-        if load_wait_ms.get():
-            channel.extra_timings["load_ms"] = load_wait_ms.get()
+        if context.load_wait_ms:
+            channel.extra_timings["load_ms"] = context.load_wait_ms
         return Generation(requests, channel, [len(p) for p in prompts], [i // n for i in range(choices)])
 
     def abort(self, generation: Generation) -> None:

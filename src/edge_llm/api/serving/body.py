@@ -10,6 +10,7 @@ from typing import Any
 from starlette.requests import Request
 
 from edge_llm.api.errors import APIError
+from edge_llm.api.request_context import request_context
 
 # What may decode to a lone surrogate: a \ud800-\udfff escape, or its UTF-8-style bytes (json.loads decodes
 # bytes with "surrogatepass"). A body with either is checked.
@@ -22,18 +23,17 @@ def _may_hold_a_surrogate(raw: bytes) -> bool:
     return (b"\\ud" in raw or b"\\uD" in raw or b"\xed" in raw) and _SURROGATE_ESCAPE.search(raw) is not None
 
 
-# Where a request's parsed body is kept for the rest of the request (its ASGI scope).
-_PARSED_KEY = "edge_llm.json_body"
-
-
 async def request_json(request: Request) -> dict[str, Any]:
-    """The request's body as a JSON object (`json_object`), parsed once a request: the model router and the
-    family's serving object both read it, and a megabyte of JSON with 100,000 members costs the event loop
-    0.05-0.3 s a parse (json.loads holds the GIL, so a thread would not spare the loop)."""
-    parsed = request.scope.get(_PARSED_KEY)
-    if parsed is None:
-        parsed = request.scope[_PARSED_KEY] = json_object(await request.body())
-    return parsed
+    """The request's body as a JSON object (`json_object`), parsed once a request and kept in its context (with
+    its size): the model router and the family's serving object both read it, and a megabyte of JSON with 100,000
+    members costs the event loop 0.05-0.3 s a parse (json.loads holds the GIL, so a thread would not spare the
+    loop)."""
+    context = request_context(request)
+    if context.body is None:
+        raw = await request.body()
+        context.body_bytes = len(raw)
+        context.body = json_object(raw)
+    return context.body
 
 
 def json_object(raw: bytes) -> dict[str, Any]:

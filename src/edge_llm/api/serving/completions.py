@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response
 
 from edge_llm.api.protocol.openai_completions import CompletionRequest
 from edge_llm.api.protocol.openai_answers import new_completion_id
+from edge_llm.api.request_context import request_context
 from edge_llm.api.serving.base import Serving
 from edge_llm.api.serving.outcome import ChoiceResult, Generation, error_body, piece_text
 from edge_llm.api.sse import encode_json_event
@@ -25,18 +26,20 @@ logger = logging.getLogger(__name__)
 
 class CompletionServing(Serving):
     async def completions(self, request: Request) -> Response:
+        context = request_context(request)
         completion = await self.read(request, CompletionRequest)
         self.check_logit_bias(completion.logit_bias)
-        grammar = await self.off_loop(self.native_grammar, completion)
+        grammar = await self.off_loop(context, self.grammars.native, completion)
         if completion.suffix is not None:
             fim = self.fim_tokens("suffix")
             budget = completion.requested_max_tokens(self.defaults) or self.defaults.max_tokens
-            prompts = [await self.off_loop(lambda parts=cursor_line_split(text): infill_prompt(
+            prompts = [await self.off_loop(context, lambda parts=cursor_line_split(text): infill_prompt(
                 self.plain_tokens, fim, prefix=parts[0], prompt=parts[1], suffix=completion.suffix or "",
                 n_predict=budget, n_ctx=self.context_limit, bos=self.bos_token())) for text in completion.prompts]
         else:
-            prompts = [await self.off_loop(self._tokenize_raw, text) for text in completion.prompts]
+            prompts = [await self.off_loop(context, self._tokenize_raw, text) for text in completion.prompts]
         generation = self.start(
+            context,
             prompts,
             n=completion.n,
             max_tokens=completion.requested_max_tokens(self.defaults),

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 
 from edge_llm.api.errors import from_engine_error, invalid_request
 from edge_llm.api.protocol.embeddings import MAX_INPUTS, MAX_REQUEST_TOKENS, EmbeddingsRequest
+from edge_llm.api.request_context import RequestContext, request_context
 from edge_llm.api.serving.base import Serving
 from edge_llm.api.serving.outcome import engine_unavailable, failure_error
 from edge_llm.engine.types import (
@@ -27,7 +28,6 @@ from edge_llm.engine.types import (
     ModelInfo,
     Pooling,
 )
-from edge_llm.logs import current_request_id, new_request_id
 
 logger = logging.getLogger(__name__)
 
@@ -37,10 +37,11 @@ _GGUF_POOLING = {"1": Pooling.MEAN, "2": Pooling.CLS, "3": Pooling.LAST}
 
 class EmbeddingServing(Serving):
     async def embeddings(self, request: Request) -> JSONResponse:
+        context = request_context(request)
         body = await self.read(request, EmbeddingsRequest)
         info = self.embedding_model()
         self.check_dimensions(body.dimensions, info)
-        inputs = await self.token_inputs(body.input, info)
+        inputs = await self.token_inputs(context, body.input, info)
         request_id, event = await self.embed(request, inputs, info)
         # Plain dicts, not the pydantic models: 2,048 vectors of ~900 floats validated one by one would hold up the
         # event loop (protocol/embeddings.py documents the shape).
@@ -53,7 +54,7 @@ class EmbeddingServing(Serving):
     async def embed(self, request: Request, inputs: list[list[int]], info: ModelInfo) -> tuple[str, Embedded]:
         """The vectors of checked token inputs (`token_inputs`), and the engine request's id; the work is aborted
         when the client leaves first."""
-        request_id = current_request_id() or new_request_id()
+        request_id = request_context(request).id
         try:
             channel = self.engine.submit_embedding(EmbeddingRequest(request_id, inputs, self.pooling(info)))
         except EngineError as exc:
@@ -95,8 +96,8 @@ class EmbeddingServing(Serving):
         """The most tokens one input may have."""
         return min(info.embedding_max_tokens, self.settings.max_prompt_tokens or info.embedding_max_tokens)
 
-    async def token_inputs(self, given: str | list[str] | list[int] | list[list[int]], info: ModelInfo, *,
-                           limit: int | None = None, truncate: bool = False) -> list[list[int]]:
+    async def token_inputs(self, context: RequestContext, given: str | list[str] | list[int] | list[list[int]],
+                           info: ModelInfo, *, limit: int | None = None, truncate: bool = False) -> list[list[int]]:
         """Each input as token ids, checked; texts are tokenized in the tokenizer thread. An input longer than `limit`
         (at most `token_limit`) is refused, or with `truncate` keeps its first tokens (Ollama's `truncate`)."""
         if isinstance(given, str):
@@ -110,7 +111,7 @@ class EmbeddingServing(Serving):
         if len(items) > MAX_INPUTS:
             raise invalid_request(f"`input` has {len(items)} items; at most {MAX_INPUTS} are allowed", param="input")
         texts = [item for item in items if isinstance(item, str)]
-        tokenized = iter(await self.off_loop(self._tokenize_all, texts) if texts else [])
+        tokenized = iter(await self.off_loop(context, self._tokenize_all, texts) if texts else [])
         inputs = [next(tokenized) if isinstance(item, str) else item for item in items]
         limit = min(limit or self.token_limit(info), self.token_limit(info))
         if truncate:

@@ -19,6 +19,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from edge_llm.api.protocol.llama_server import InfillRequest, NativeGeneration
+from edge_llm.api.request_context import request_context
 from edge_llm.api.serving.base import Serving
 from edge_llm.api.serving.outcome import Generation, error_body, failure_error
 from edge_llm.api.sse import encode_json_event
@@ -42,21 +43,23 @@ class _Progress:
 
 class InfillServing(Serving):
     async def infill(self, request: Request) -> Response:
+        context = request_context(request)
         body = await self.read(request, InfillRequest)
         fim = self.fim_tokens("input_prefix")
         max_tokens = body.requested_max_tokens()
         n_predict = max_tokens if max_tokens is not None else self.settings.default_max_tokens
         extra = [ExtraFile(chunk.filename, chunk.text) for chunk in body.input_extra]
-        prompt = await self.off_loop(
+        prompt = await self.off_loop(context,
             lambda: infill_prompt(self.plain_tokens, fim, prefix=body.input_prefix, suffix=body.input_suffix,
                                   prompt=body.prompt, extra=extra, n_predict=n_predict, n_ctx=self.context_limit,
                                   bos=self.bos_token()))
-        generation = self.start([prompt], n=1, max_tokens=max_tokens,
+        generation = self.start(context, [prompt], n=1, max_tokens=max_tokens,
                                 sampling=lambda _: body.sampling_params(self.defaults),
                                 stop=tuple(body.stop) + suffix_echo_stop(body.input_suffix), logprobs=body.logprobs,
                                 cache_prompt=body.cache_prompt, fill_in_the_middle=True,
                                 speculative=body.speculative)
-        return await self.answer(request, generation, body, await self.off_loop(self.engine.detokenize, prompt))
+        text = await self.off_loop(context, self.engine.detokenize, prompt)
+        return await self.answer(request, generation, body, text)
 
     async def answer(self, request: Request, generation: Generation, body: NativeGeneration,
                      prompt: str) -> Response:

@@ -1,14 +1,14 @@
 """POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API (the anthropic SDKs, Claude Code).
 
-It is the chat family in Anthropic's dialect, so it extends ChatServing: the same chat template and prompt
-building, the same forced-call grammar (tool_choice `any` / `tool`) and `<tool_call>` parser (`auto`). What differs
-is the wire: content blocks in and out, Anthropic's SSE events, stop_reason, usage, and its error envelope (chosen
+It is the chat family in Anthropic's dialect, an adapter around the model's core: the same prompt builder and
+grammar cache (serving/core.py), the same forced-call grammar (tool_choice `any` / `tool`) and tool-call tail
+(serving/tool_calls.py). What differs is the wire: content blocks in and out, Anthropic's SSE events, stop_reason,
+usage, and its error envelope (chosen
 by path in api/errors.py, so middleware refusals on these routes wear it too).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -29,31 +29,34 @@ from edge_llm.api.protocol.anthropic import (
     tool_use_id,
     usage,
 )
+from edge_llm.api.request_context import request_context
 from edge_llm.api.serving.outcome import Generation, failure_error
-from edge_llm.api.serving.chat import ChatServing
+from edge_llm.api.serving.base import Serving
+from edge_llm.api.serving.tool_calls import ToolCallTail, forced_call, split_calls
 from edge_llm.api.serving.progress import PrefillBeats
 from edge_llm.api.sse import encode_json_event
 from edge_llm.engine.types import Failed, Finished, TextDelta
-from edge_llm.prompting.tools import ParsedToolCall, ToolCallParser, forced_call_grammar
+from edge_llm.prompting.tools import ParsedToolCall
 
 logger = logging.getLogger(__name__)
 
 
-class MessagesServing(ChatServing):
+class MessagesServing(Serving):
     async def messages(self, request: Request) -> Response:
+        context = request_context(request)
         body = await self.json_body(request)
         if "max_tokens" not in body:  # Anthropic requires it; say so plainly instead of pydantic's wording
             raise invalid_request("max_tokens: Field required", param="max_tokens",
                                   code="missing_required_parameter")
-        report_ignored(set_aside_server_tools(body))
-        anthropic = self.parse(MessagesRequest, body)
+        report_ignored(context, set_aside_server_tools(body))
+        anthropic = self.parse(context, MessagesRequest, body)
         self.check_model(anthropic.model)
-        grammar = await self.off_loop(self._grammar, anthropic)
-        prompt = await self.off_loop(self._build_prompt, anthropic.to_chat_messages(), anthropic.openai_tools(),
-                                     continue_final=anthropic.continues_final)
+        grammar = await self.off_loop(context, self._grammar, anthropic)
+        prompt = await self.off_loop(context, self.chat_prompt, anthropic.to_chat_messages(),
+                                     anthropic.openai_tools(), continue_final=anthropic.continues_final)
         names = tuple(tool.name for tool in anthropic.active_tools)  # what the tool-call parser looks for
         generation = self.start(
-            [prompt], n=1, max_tokens=anthropic.max_tokens,
+            context, [prompt], n=1, max_tokens=anthropic.max_tokens,
             sampling=lambda _: anthropic.sampling_params(self.defaults, grammar),
             stop=tuple(anthropic.stop_sequences or ()), logprobs=None,
         )
@@ -66,11 +69,12 @@ class MessagesServing(ChatServing):
         return JSONResponse(self._message(generation, result.text, result.finished, names), headers=headers)
 
     async def count_tokens(self, request: Request) -> Response:
+        context = request_context(request)
         raw = await self.json_body(request)
-        report_ignored(set_aside_server_tools(raw))
-        body = self.parse(CountTokensRequest, raw)
+        report_ignored(context, set_aside_server_tools(raw))
+        body = self.parse(context, CountTokensRequest, raw)
         self.check_model(body.model)
-        prompt = await self.off_loop(self._build_prompt, body.to_chat_messages(), body.openai_tools(),
+        prompt = await self.off_loop(context, self.chat_prompt, body.to_chat_messages(), body.openai_tools(),
                                      continue_final=body.continues_final)
         return JSONResponse({"input_tokens": len(prompt)})
 
@@ -78,24 +82,17 @@ class MessagesServing(ChatServing):
         """tool_choice `any` / `tool`: a grammar makes the answer one call; output_config.format: the answer follows
         the schema (runs in the tokenizer thread)."""
         if anthropic.output_schema is not None:
-            gbnf = self.schema_to_gbnf(anthropic.output_schema, param="output_config.format")
-            return self.checked_grammar(gbnf, param="output_config.format")
+            return self.grammars.schema(anthropic.output_schema, param="output_config.format")
         functions = anthropic.forced_functions()
         if functions is None:
             return None
-        to_gbnf = functools.partial(self.schema_to_gbnf, param="tools")
-        return self.checked_grammar(forced_call_grammar(functions, to_gbnf), param="tool_choice")
+        return forced_call(self.grammars, functions, param="tool_choice")
 
     # ---- the answer ----------------------------------------------------------------------------
 
     def _message(self, generation: Generation, text: str, finished: Finished, names: tuple[str, ...]
                  ) -> dict[str, Any]:
-        calls: list[ParsedToolCall] = []
-        if names:
-            parser = ToolCallParser(names)
-            head, _ = parser.feed(text)
-            tail, _ = parser.finish()
-            text, calls = head + tail, parser.calls
+        text, calls = split_calls(text, names)
         content: list[dict[str, Any]] = []
         if text or not calls:  # a text block even when empty, so content[0] is there for simple clients
             content.append({"type": "text", "text": text})
@@ -119,7 +116,7 @@ class MessagesServing(ChatServing):
         (start, deltas, stop), message_delta with stop_reason and usage, message_stop; an `error` event when the
         engine fails midway."""
         blocks = _Blocks()
-        parser = ToolCallParser(names) if names else None
+        tail = ToolCallTail(names)
         yield event("message_start", {"type": "message_start", "message": {
             "id": new_message_id(), "type": "message", "role": "assistant", "content": [], "model": self.model_id,
             "stop_reason": None, "stop_sequence": None,
@@ -130,16 +127,16 @@ class MessagesServing(ChatServing):
         async for _, engine_event in generation.channel.choice_events():
             beats.stop()
             if isinstance(engine_event, TextDelta):
-                text, calls = parser.feed(engine_event.text) if parser else (engine_event.text, [])
+                text, calls = tail.feed(engine_event.text)
                 for data in blocks.add(text, calls):
                     yield data
             elif isinstance(engine_event, Finished):
-                text, calls = parser.finish() if parser else ("", [])
+                text, calls = tail.finish()
                 for data in blocks.add(text, calls):
                     yield data
                 for data in blocks.close(final=True):
                     yield data
-                reason = stop_reason(engine_event, bool(parser and parser.calls))
+                reason = stop_reason(engine_event, bool(tail.calls))
                 yield event("message_delta", {
                     "type": "message_delta",
                     "delta": {"stop_reason": reason,

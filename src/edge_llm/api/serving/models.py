@@ -11,8 +11,9 @@ from fastapi import Request
 
 from edge_llm.api.model_routing import keep_alive_of, unavailable, unknown_model
 from edge_llm.api.params import parse_body
+from edge_llm.api.request_context import request_context
 from edge_llm.api.protocol.models import ModelCard, ModelList, ModelLoadRequest
-from edge_llm.api.serving.body import json_object
+from edge_llm.api.serving.body import request_json
 from edge_llm.config import Settings
 from edge_llm.registry.keep_alive import describe_keep_alive
 from edge_llm.registry.registry import (
@@ -62,8 +63,8 @@ class ModelServing:
         return answer
 
     async def _body(self, request: Request) -> tuple[str, Any]:
-        body = json_object(await request.body())
-        parsed = parse_body(ModelLoadRequest, body, strict=self.settings.strict_params)
+        body = await request_json(request)
+        parsed = parse_body(request_context(request), ModelLoadRequest, body, strict=self.settings.strict_params)
         return parsed.model, keep_alive_of(body)
 
     def _entry(self, name: str) -> ModelEntry:

@@ -16,6 +16,7 @@ from fastapi.responses import Response
 
 from edge_llm import __version__
 from edge_llm.api.protocol.llama_server import NativeCompletionRequest
+from edge_llm.api.request_context import request_context
 from edge_llm.api.serving.outcome import engine_unavailable
 from edge_llm.api.serving.infill import InfillServing
 from edge_llm.engine.types import EngineUnavailableError
@@ -25,14 +26,16 @@ logger = logging.getLogger(__name__)
 
 class NativeServing(InfillServing):
     async def completion(self, request: Request) -> Response:
+        context = request_context(request)
         body = await self.read(request, NativeCompletionRequest)
-        grammar = await self.off_loop(self.native_grammar, body)
-        prompt = await self.off_loop(self._prompt_tokens, body.prompt)
-        generation = self.start([prompt], n=1, max_tokens=body.requested_max_tokens(),
+        grammar = await self.off_loop(context, self.grammars.native, body)
+        prompt = await self.off_loop(context, self._prompt_tokens, body.prompt)
+        generation = self.start(context, [prompt], n=1, max_tokens=body.requested_max_tokens(),
                                 sampling=lambda _: body.sampling_params(self.defaults, grammar),
                                 stop=tuple(body.stop), logprobs=body.logprobs, cache_prompt=body.cache_prompt,
                                 speculative=body.speculative)
-        text = body.prompt if isinstance(body.prompt, str) else await self.off_loop(self.engine.detokenize, prompt)
+        text = (body.prompt if isinstance(body.prompt, str)
+                else await self.off_loop(context, self.engine.detokenize, prompt))
         return await self.answer(request, generation, body, text)
 
     def _prompt_tokens(self, prompt: str | list[int | str]) -> list[int]:

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from edge_llm.api.params import report_ignored
 from edge_llm.api.protocol.ollama import OllamaEmbeddingsRequest, OllamaEmbedRequest
 from edge_llm.api.serving.embeddings import EmbeddingServing
+from edge_llm.api.request_context import request_context
 from edge_llm.api.serving.ollama_stream import Clock
 
 logger = logging.getLogger(__name__)
@@ -24,18 +25,20 @@ logger = logging.getLogger(__name__)
 
 class OllamaEmbedServing(EmbeddingServing):
     async def ollama_embed(self, request: Request) -> JSONResponse:
-        clock = Clock()
-        body = self.parse(OllamaEmbedRequest, await self.json_body(request))
+        context = request_context(request)
+        clock = Clock.of(context)
+        body = self.parse(context, OllamaEmbedRequest, await self.json_body(request))
         name = body.model or self.model_id
         options = body.options
         if options is not None:
-            report_ignored(options.ignored(embedding=True))
+            report_ignored(context, options.ignored(embedding=True))
         info = self.embedding_model()
         self.check_dimensions(body.dimensions, info)
         texts = body.texts
         if not texts:
             return JSONResponse({"model": name, "embeddings": []})
-        inputs = await self.token_inputs(texts, info, limit=options.num_ctx if options is not None else None,
+        inputs = await self.token_inputs(context, texts, info,
+                                         limit=options.num_ctx if options is not None else None,
                                          truncate=body.truncate is not False)
         request_id, event = await self.embed(request, inputs, info)
         return JSONResponse({
@@ -47,12 +50,13 @@ class OllamaEmbedServing(EmbeddingServing):
         }, headers={"x-request-id": request_id})
 
     async def ollama_embeddings(self, request: Request) -> JSONResponse:
-        body = self.parse(OllamaEmbeddingsRequest, await self.json_body(request))
+        context = request_context(request)
+        body = self.parse(context, OllamaEmbeddingsRequest, await self.json_body(request))
         if body.options is not None:
-            report_ignored(body.options.ignored(embedding=True))
+            report_ignored(context, body.options.ignored(embedding=True))
         info = self.embedding_model()
         if not body.prompt:
             return JSONResponse({"embedding": []})
-        inputs = await self.token_inputs(body.prompt, info)
+        inputs = await self.token_inputs(context, body.prompt, info)
         request_id, event = await self.embed(request, inputs, info)
         return JSONResponse({"embedding": event.vectors[0].tolist()}, headers={"x-request-id": request_id})

@@ -18,6 +18,7 @@ from fastapi import Request
 
 from edge_llm.api.errors import APIError
 from edge_llm.api.params import parse_body
+from edge_llm.api.request_context import request_context
 from edge_llm.api.protocol.ollama_models import (
     CopyRequest,
     DeleteRequest,
@@ -31,7 +32,7 @@ from edge_llm.api.protocol.ollama_models import (
     ollama_json,
 )
 from edge_llm.api.serving import ollama_describe as describe
-from edge_llm.api.serving.body import json_object
+from edge_llm.api.serving.body import request_json
 from edge_llm.config import Settings
 from edge_llm.models.catalogue import CATALOGUE
 from edge_llm.models.digest import DigestCache, FileVersion, file_version
@@ -78,7 +79,7 @@ class OllamaModelServing:
         return ListResponse(models=listed).model_dump()
 
     async def show(self, request: Request) -> dict[str, Any]:
-        body = self._parse(ShowRequest, await request.body())
+        body = await self._parse(request, ShowRequest)
         wanted = body.model or body.name
         if not wanted:
             raise APIError(400, "model is required", param="model")
@@ -125,7 +126,7 @@ class OllamaModelServing:
 
     async def copy(self, request: Request) -> None:
         """An alias for the server's lifetime (the config file's `model_aliases` keeps one across restarts)."""
-        body = self._parse(CopyRequest, await request.body())
+        body = await self._parse(request, CopyRequest)
         if not valid_ollama_name(body.destination):  # Ollama's words; a name no Ollama client could type back
             raise APIError(400, f"destination {json.dumps(body.destination)} is invalid", param="destination")
         try:
@@ -143,7 +144,7 @@ class OllamaModelServing:
     async def delete(self, request: Request) -> None:
         """A copy's name is forgotten; a catalogued model's file fetched into --models-dir is removed, once it is
         unloaded and unused. Never the --model file, nor a file the catalogue does not know (the user's own)."""
-        body = self._parse(DeleteRequest, await request.body())
+        body = await self._parse(request, DeleteRequest)
         wanted = body.model or body.name
         if not wanted:
             raise APIError(400, "model is required", param="model")
@@ -177,10 +178,11 @@ class OllamaModelServing:
 
     # ---- helpers ---------------------------------------------------------------------------------
 
-    def _parse(self, model: type[Any], raw: bytes) -> Any:
-        if not raw.strip():
+    async def _parse(self, request: Request, model: type[Any]) -> Any:
+        if not (await request.body()).strip():
             raise APIError(400, "missing request body", code="invalid_json")
-        return parse_body(model, json_object(raw), strict=self.settings.strict_params)
+        return parse_body(request_context(request), model, await request_json(request),
+                          strict=self.settings.strict_params)
 
     def _entry(self, name: str) -> ModelEntry:
         try:

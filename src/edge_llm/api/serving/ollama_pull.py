@@ -23,8 +23,9 @@ from fastapi import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from edge_llm.api.params import parse_body
+from edge_llm.api.request_context import request_context
 from edge_llm.api.protocol.ollama_models import ProgressResponse, PullRequest, ollama_json
-from edge_llm.api.serving.body import json_object
+from edge_llm.api.serving.body import request_json
 from edge_llm.api.errors import APIError
 from edge_llm.config import Settings
 from edge_llm.models.catalogue import CATALOGUE, UnknownCatalogueModel, find
@@ -68,10 +69,10 @@ class PullServing:
         self._jobs: dict[tuple[str, Path], PullJob] = {}
 
     async def pull(self, request: Request) -> Response:
-        raw = await request.body()
-        if not raw.strip():
+        if not (await request.body()).strip():
             raise APIError(400, "missing request body", code="invalid_json")
-        body = parse_body(PullRequest, json_object(raw), strict=self.settings.strict_params)
+        body = parse_body(request_context(request), PullRequest, await request_json(request),
+                          strict=self.settings.strict_params)
         wanted = body.model or body.name
         if not wanted:
             raise APIError(400, "model is required", param="model")

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from edge_llm.api.protocol.anthropic import tool_input
-from edge_llm.api.serving.base import load_wait_ms
+from edge_llm.api.request_context import RequestContext
 from edge_llm.api.serving.outcome import Generation
 from edge_llm.api.serving.chat import chat_logprobs
 from edge_llm.engine.types import Failed, Finished, TextDelta, TokenLogprob
-from edge_llm.prompting.tools import ParsedToolCall, ToolCallParser
+from edge_llm.api.serving.tool_calls import ToolCallTail
+from edge_llm.prompting.tools import ParsedToolCall
 
 
 def created_at() -> str:
@@ -42,13 +43,18 @@ def done_answer(model: str, *, chat: bool, reason: str) -> dict[str, Any]:
 
 @dataclass
 class Clock:
-    """When the request's handler started (monotonic) and how long the request waited for its model to load."""
+    """When the request arrived (monotonic) and how long it waited for its model to load."""
 
-    started_ns: int = field(default_factory=time.monotonic_ns)
-    load_ns: int = field(default_factory=lambda: int(load_wait_ms.get() * 1_000_000))
+    started_ns: int
+    load_ns: int
+
+    @classmethod
+    def of(cls, context: RequestContext) -> Clock:
+        return cls(int(context.started * 1_000_000_000), int(context.load_wait_ms * 1_000_000))
 
     def total_ns(self) -> int:
-        return time.monotonic_ns() - self.started_ns + self.load_ns
+        """From the request's arrival (its wait for the model included) until now."""
+        return time.monotonic_ns() - self.started_ns
 
 
 @dataclass
@@ -61,15 +67,15 @@ class Piece:
 
 
 async def pieces(generation: Generation, tools: tuple[str, ...]) -> AsyncIterator[Piece | Finished | Failed]:
-    """The answer as it streams; with `tools`, tool calls are taken out of the text (the chat family's parser)."""
-    parser = ToolCallParser(tools) if tools else None
+    """The answer as it streams; with `tools`, tool calls are taken out of the text (the tool-call tail)."""
+    tail = ToolCallTail(tools)
     async for _, event in generation.channel.choice_events():
         if isinstance(event, TextDelta):
-            text, calls = parser.feed(event.text) if parser else (event.text, [])
+            text, calls = tail.feed(event.text)
             yield Piece(text, calls, list(event.logprobs))
         elif isinstance(event, Finished):
-            if parser is not None:
-                text, calls = parser.finish()
+            if tools:
+                text, calls = tail.finish()
                 yield Piece(text, calls, [])
             yield event
             return

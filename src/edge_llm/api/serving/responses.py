@@ -1,8 +1,9 @@
 """POST /v1/responses: OpenAI's Responses API.
 
 The body (after the stored items `previous_response_id` continues) becomes the chat request it amounts to
-(api/protocol/responses.py), so the chat family's template, grammars (text.format, a forced tool call) and
-tool-call parser serve it unchanged; the answer goes out as a Response object or as the Responses event stream
+(api/protocol/responses.py), so the model's core (its prompt builder and grammar cache, serving/core.py), chat's
+grammar plan (text.format, a forced tool call: serving/chat.py `chat_plan`) and the tool-call tail
+(serving/tool_calls.py) serve it unchanged; the answer goes out as a Response object or as the Responses event stream
 (serving/responses_events.py), and is kept unless `store: false` (serving/stored_responses.py).
 """
 
@@ -18,14 +19,16 @@ from edge_llm.api.errors import CLIENT_CLOSED_REQUEST, APIError, invalid_request
 from edge_llm.api.protocol.openai_chat import ChatCompletionRequest
 from edge_llm.api.params import report_ignored
 from edge_llm.api.protocol.responses import FunctionToolChoice, ResponsesRequest, set_aside_unread
+from edge_llm.api.request_context import request_context
 from edge_llm.api.serving.outcome import Generation, total_usage
-from edge_llm.api.serving.chat import ChatPlan, ChatServing
+from edge_llm.api.serving.base import Serving
+from edge_llm.api.serving.chat import chat_plan
+from edge_llm.api.serving.tool_calls import ToolCallTail
 from edge_llm.api.serving.progress import PrefillBeats
 from edge_llm.api.serving.responses_events import Event, ResponseBuilder
 from edge_llm.api.serving.stored_responses import Keeper, previous_context, stored_items
 from edge_llm.api.sse import encode_json_event
 from edge_llm.engine.types import Failed, FinishReason, Finished, TextDelta
-from edge_llm.prompting.tools import ToolCallParser
 
 logger = logging.getLogger(__name__)
 
@@ -54,26 +57,27 @@ def refuse_unsupported(body: ResponsesRequest) -> None:
         raise invalid_request("tool_choice 'required' needs tools", param="tool_choice")
 
 
-class ResponsesServing(ChatServing):
-    """A chat family underneath (its prompt builder and grammars); the Responses shapes on top."""
+class ResponsesServing(Serving):
+    """An OpenAI chat request underneath (the model's prompt builder, chat's grammar plan); the Responses shapes on
+    top."""
 
     async def responses(self, request: Request) -> Response:
+        context = request_context(request)
         raw = await self.json_body(request)
-        report_ignored(set_aside_unread(raw))
-        body = self.parse(ResponsesRequest, raw)
+        report_ignored(context, set_aside_unread(raw))
+        body = self.parse(context, ResponsesRequest, raw)
         self.check_model(body.model)
         refuse_unsupported(body)
-        context = previous_context(request, body)
-        keeper = Keeper(request, [*context, *stored_items(body)])
-        body = body.continued(context) if context else body
-        chat = self.parse(ChatCompletionRequest, body.to_chat())
+        previous = previous_context(request, body)
+        keeper = Keeper(request, [*previous, *stored_items(body)])
+        body = body.continued(previous) if previous else body
+        chat = self.parse(context, ChatCompletionRequest, body.to_chat())
+        plan = await self.off_loop(context, chat_plan, self.grammars, chat)
         tools = [tool.model_dump(exclude_none=True) for tool in chat.active_tools]
-        plan = ChatPlan(grammar=await self.off_loop(self._chat_grammar, chat),
-                        tools=tuple(tool["function"]["name"] for tool in tools))
         try:
-            prompt = await self.off_loop(self._build_prompt, chat.to_messages(), tools or None)
+            prompt = await self.off_loop(context, self.chat_prompt, chat.to_messages(), tools or None)
             generation = self.start(
-                [prompt], n=1, max_tokens=body.max_output_tokens,
+                context, [prompt], n=1, max_tokens=body.max_output_tokens,
                 sampling=lambda choice: chat.sampling_params(self.defaults, choice, plan.grammar),
                 stop=(), logprobs=None,
             )
@@ -85,10 +89,10 @@ class ResponsesServing(ChatServing):
         builder = ResponseBuilder(self.model_id, body.echo(stored=stored))
         if stored:
             keeper.start(builder.response("in_progress"))
-        parser = ToolCallParser(plan.tools) if plan.tools else None  # with the names: bare JSON calls count too
+        tail = ToolCallTail(plan.tools)  # with the names: bare JSON calls count too
         if body.stream:
             beats = PrefillBeats(lambda: encode(builder.still_in_progress()))
-            return self.stream(generation, self._events(generation, builder, parser, keeper if stored else None, beats),
+            return self.stream(generation, self._events(generation, builder, tail, keeper if stored else None, beats),
                                beats=beats)
         try:
             result = (await self.collect(request, generation))[0]
@@ -99,13 +103,13 @@ class ResponsesServing(ChatServing):
                                             else {"code": error.code or "server_error", "message": error.message}))
             raise
         assert result.finished is not None
-        answer_events(builder, parser, result.text)
-        final = finish_events(builder, parser, generation, result.finished)[-1]["response"]
+        answer_events(builder, tail, result.text)
+        final = finish_events(builder, tail, generation, result.finished)[-1]["response"]
         if stored:
             keeper.end(final)
         return JSONResponse(final, headers=self.headers(generation))
 
-    async def _events(self, generation: Generation, builder: ResponseBuilder, parser: ToolCallParser | None,
+    async def _events(self, generation: Generation, builder: ResponseBuilder, tail: ToolCallTail,
                       keeper: Keeper | None, beats: PrefillBeats) -> AsyncIterator[bytes]:
         try:
             for event in builder.start():
@@ -114,9 +118,9 @@ class ResponsesServing(ChatServing):
             async for _, engine_event in generation.channel.choice_events():
                 beats.stop()
                 if isinstance(engine_event, TextDelta):
-                    events = answer_events(builder, parser, engine_event.text)
+                    events = answer_events(builder, tail, engine_event.text)
                 elif isinstance(engine_event, Finished):
-                    events = finish_events(builder, parser, generation, engine_event)
+                    events = finish_events(builder, tail, generation, engine_event)
                 elif isinstance(engine_event, Failed):
                     events = builder.failed(engine_event.message)
                 else:
@@ -133,24 +137,22 @@ class ResponsesServing(ChatServing):
 _ENDS = ("response.completed", "response.incomplete", "response.failed")
 
 
-def answer_events(builder: ResponseBuilder, parser: ToolCallParser | None, text: str) -> list[Event]:
-    """The events for a piece of the answer: its text, and any tool call the parser completed in it."""
-    content, calls = parser.feed(text) if parser is not None else (text, [])
+def answer_events(builder: ResponseBuilder, tail: ToolCallTail, text: str) -> list[Event]:
+    """The events for a piece of the answer: its text, and any tool call completed in it."""
+    content, calls = tail.feed(text)
     events = builder.text(content)
     for call in calls:
         events += builder.tool_call(call)
     return events
 
 
-def finish_events(builder: ResponseBuilder, parser: ToolCallParser | None, generation: Generation,
+def finish_events(builder: ResponseBuilder, tail: ToolCallTail, generation: Generation,
                   finished: Finished) -> list[Event]:
-    """What the parser still held, then the end; the last event carries the final Response."""
-    events: list[Event] = []
-    if parser is not None:
-        rest, calls = parser.finish()
-        events += builder.text(rest)
-        for call in calls:
-            events += builder.tool_call(call)
+    """What the tail still held, then the end; the last event carries the final Response."""
+    rest, calls = tail.finish()
+    events = builder.text(rest)
+    for call in calls:
+        events += builder.tool_call(call)
     usage = total_usage(generation, [finished])
     return events + builder.finish(usage, incomplete_reason=_INCOMPLETE.get(finished.reason))
 

@@ -9,6 +9,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from edge_llm.api.protocol.tokenization import DetokenizeRequest, TokenizeRequest
+from edge_llm.api.request_context import request_context
 from edge_llm.api.serving.base import Serving
 
 logger = logging.getLogger(__name__)
@@ -16,14 +17,16 @@ logger = logging.getLogger(__name__)
 
 class TokenizationServing(Serving):
     async def tokenize(self, request: Request) -> JSONResponse:
+        context = request_context(request)
         body = await self.read(request, TokenizeRequest)
-        tokens = await self.off_loop(
+        tokens = await self.off_loop(context,
             self.engine.tokenize, body.content, add_special=body.add_special, parse_special=body.parse_special
         )
         return JSONResponse({"tokens": tokens, "count": len(tokens)})
 
     async def detokenize(self, request: Request) -> JSONResponse:
+        context = request_context(request)
         body = await self.read(request, DetokenizeRequest)
         for position, token in enumerate(body.tokens):
             self.check_token_ids([token], f"tokens.{position}")
-        return JSONResponse({"content": await self.off_loop(self.engine.detokenize, body.tokens)})
+        return JSONResponse({"content": await self.off_loop(context, self.engine.detokenize, body.tokens)})
