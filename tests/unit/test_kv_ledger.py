@@ -175,3 +175,62 @@ def test_a_copy_let_go_of_leaves_the_source_its_own_cells_to_grow_and_shrink() -
     ledger.grow(0, 1)
     ledger.shrink(0, 3)  # cells 0 computed and nobody else holds, across its two growths
     assert (ledger.used, ledger.length(0), ledger.length(1)) == (3, 3, 0)
+
+
+def counted(ledger: KvLedger) -> int:
+    """The cells in use counted again from the blocks (the ledger's `used` is kept by increments on a grow)."""
+    return ledger.used_without(set())
+
+
+def test_a_reused_id_never_grows_a_block_it_let_go_of() -> None:
+    dropped = KvLedger()
+    dropped.grow(1, 10)
+    dropped.copy(1, 2, 4)
+    dropped.drop(1)  # id 1 is free again; 2 still holds 4 cells of its block
+    dropped.copy(2, 1, 1)
+    dropped.grow(1, 1)  # the new holder of id 1 computes its own cell
+    assert dropped.used == counted(dropped) == 4 + 1 and dropped.length(1) == 2
+
+    cut = KvLedger()
+    cut.grow(1, 5)
+    cut.copy(1, 2, 5)
+    cut.truncate(1, 3)  # its block is cut: what it grows next is new
+    cut.grow(1, 2)
+    assert cut.used == counted(cut) == 5 + 2
+
+    let_go = KvLedger()
+    let_go.grow(0, 2)
+    let_go.copy(0, 1, 2)
+    let_go.grow(1, 4)  # 1's own block: positions 2..5
+    let_go.copy(1, 2, 6)
+    let_go.truncate(1, 2)  # lets go of its own block (it starts at the new length)
+    let_go.truncate(1, 0)
+    let_go.copy(2, 1, 4)
+    let_go.grow(1, 1)
+    assert let_go.used == counted(let_go) == 6 + 1
+
+
+def test_truncating_to_its_length_changes_nothing() -> None:
+    ledger = KvLedger()
+    ledger.grow(0, 5)
+    ledger.truncate(0, 5)
+    ledger.grow(0, 1)
+    ledger.shrink(0, 3)  # still one block of its own
+    assert (ledger.used, ledger.length(0)) == (3, 3)
+
+
+def test_other_holders_are_those_of_the_cells_from_the_position() -> None:
+    ledger = KvLedger()
+    ledger.grow(0, 5)
+    ledger.copy(0, 1, 3)
+    assert ledger.other_holders_from(1, 3) == set()  # 0 holds more of that block, but not 1's cells
+    assert ledger.other_holders_from(1, 2) == {0}
+    ledger.grow(1, 3)
+    ledger.copy(1, 2, 6)
+    assert ledger.other_holders_from(1, 3) == {2}  # in 1's own block, after the one it shares with 0
+    ledger.truncate(1, 4)  # cut: its own block's end goes
+    ledger.grow(1, 2)
+    ledger.copy(1, 3, 6)
+    ledger.truncate(1, 1)  # lets go of both blocks that start after position 1
+    assert ledger.other_holders_from(3, 5) == set() and ledger.other_holders_from(3, 4) == set()
+    assert ledger.other_holders_from(3, 3) == {2}
