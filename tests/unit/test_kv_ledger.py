@@ -234,3 +234,24 @@ def test_other_holders_are_those_of_the_cells_from_the_position() -> None:
     ledger.truncate(1, 1)  # lets go of both blocks that start after position 1
     assert ledger.other_holders_from(3, 5) == set() and ledger.other_holders_from(3, 4) == set()
     assert ledger.other_holders_from(3, 3) == {2}
+
+
+def test_growing_or_copying_nothing_holds_nothing() -> None:
+    ledger = KvLedger()
+    ledger.grow(0, 3)
+    ledger.grow(1, 0)
+    ledger.copy(0, 2, 0)
+    assert (ledger.used, ledger.length(1), ledger.length(2)) == (3, 0, 0)
+    ledger.copy(0, 1, 2)  # both still hold nothing: each may take a copy
+    ledger.copy(0, 2, 3)
+    assert (ledger.used, ledger.length(1), ledger.length(2)) == (3, 2, 3)
+
+
+def test_a_copy_of_the_first_of_several_blocks() -> None:
+    ledger = KvLedger()
+    ledger.grow(0, 2)
+    ledger.copy(0, 1, 2)
+    ledger.grow(1, 3)  # 1 holds 0's block, then its own
+    ledger.copy(1, 2, 2)  # only the first
+    assert (ledger.used, ledger.length(2)) == (5, 2)
+    assert ledger.other_holders_from(0, 0) == {1, 2}
