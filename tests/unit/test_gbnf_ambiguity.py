@@ -131,3 +131,20 @@ def test_the_check_of_a_grammar_of_the_largest_size_is_bounded(kind: str, monkey
     monkeypatch.setattr(ambiguity, "MAX_WORK", 10_000)  # the bound is a count of steps, whatever the grammar
     with pytest.raises(GrammarError, match="too costly to check for ambiguity"):
         check_ambiguity(grammar, TOKENS)
+
+
+def test_token_texts_find_the_tokens_that_go_on_with_each_character() -> None:
+    texts = ["a", "ab", "abc", "abd", "b", "ba", " ", "  ", "é", "\U0001F600x", "\U0001F600", "", "ab"]
+    tokens = TokenTexts(texts)
+    assert (len(tokens), tokens.longest) == (11, 3)
+    for prefix in ("a", "ab", "abc", " ", "\U0001F600", "\U0001F600x", "é", "b"):
+        walked = tokens.start()
+        for char in prefix:
+            step = tokens.extend(walked, ord(char))
+            assert step is not None
+            walked = step
+        low, high, length = walked
+        assert (high - low, length) == (len({t for t in texts if t.startswith(prefix)}), len(prefix))
+    assert tokens.extend(tokens.start(), ord("z")) is None
+    after_b = tokens.extend(tokens.start(), ord("b"))
+    assert after_b is not None and tokens.extend(after_b, ord("b")) is None

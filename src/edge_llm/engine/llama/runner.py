@@ -28,7 +28,7 @@ from edge_llm.engine.llama.kv_state import read_sequence_state, write_sequence_s
 from edge_llm.engine.llama.model_facts import embeds_in_chunks, fim_tokens, model_metadata
 from edge_llm.engine.llama.loading import STRLEN_ADDRESS, ModelLoadError, create_context, expected_failure, load_model
 from edge_llm.engine.llama.sampling import Sampler, TokenSampling
-from edge_llm.engine.llama.vocabulary import piece, scan_vocabulary, special_text, token_texts
+from edge_llm.engine.llama.vocabulary import grammar_token_texts, piece, scan_vocabulary, special_text
 from edge_llm.engine.scheduling.step_plan import KvCopy, KvOp, KvRemove, KvShift, KvTrim
 from edge_llm.engine.scheduling.step_plan import StepPlan
 from edge_llm.engine.types import (
@@ -341,7 +341,7 @@ class LlamaRunner:
             raise GrammarError("llama.cpp rejected the grammar")
 
     def _read_token_texts(self) -> None:
-        self._grammar_tokens = TokenTexts(token_texts(self._vocab, self._n_vocab))
+        self._grammar_tokens = grammar_token_texts(self._vocab, self._n_vocab)
 
     def _token_texts(self) -> TokenTexts:
         self._grammar_tokens_reader.join()  # a grammar in the first second after load waits for the texts
