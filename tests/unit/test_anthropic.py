@@ -16,14 +16,8 @@ from pydantic import TypeAdapter, ValidationError
 from edge_llm.api.errors import APIError, speaks_anthropic
 from edge_llm.api.request_context import CONTEXT_KEY, RequestContext
 from edge_llm.api.telemetry import RequestRecord
-from edge_llm.api.protocol.anthropic import (
-    CountTokensRequest,
-    MessagesRequest,
-    set_aside_server_tools,
-    stop_reason,
-    tool_input,
-    usage,
-)
+from edge_llm.api.protocol.anthropic import CountTokensRequest, MessagesRequest, set_aside_server_tools
+from edge_llm.api.protocol.anthropic_answers import stop_reason, tool_input, usage
 from edge_llm.api.serving.messages import _Blocks, tool_use_block
 from edge_llm.engine.thread.text import OutputText
 from edge_llm.engine.types import Finished, FinishReason, Usage

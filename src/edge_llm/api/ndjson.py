@@ -5,7 +5,7 @@ the body and aborts the engine work)."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from edge_llm.api.sse import EventStreamResponse
@@ -13,7 +13,7 @@ from edge_llm.api.sse import EventStreamResponse
 MEDIA_TYPE = "application/x-ndjson"
 
 
-def encode_line(payload: dict[str, Any]) -> bytes:
+def encode_line(payload: Mapping[str, Any]) -> bytes:
     """One object on one line, compact as Go's encoding/json writes it (text beyond ASCII stays UTF-8)."""
     return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
 

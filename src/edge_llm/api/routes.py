@@ -251,7 +251,7 @@ async def response_input_items(response_id: str, request: Request) -> Response:
 
 # ---- Anthropic's Messages API (errors in Anthropic's envelope: api/errors.py chooses it by path) ----------------
 
-from edge_llm.api.protocol.anthropic import CountTokensResponse, MessageResponse  # noqa: E402
+from edge_llm.api.protocol.anthropic_answers import CountTokensResponse, MessageResponse  # noqa: E402
 from edge_llm.api.serving.messages import MessagesServing  # noqa: E402
 
 _ANTHROPIC_ERRORS = {status: {"model": AnthropicErrorResponse} for status in (400, 401, 404, 413, 503)}

@@ -8,7 +8,7 @@ import json
 import logging
 import re
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -39,7 +39,7 @@ def encode_comment(text: str) -> bytes:
     return b": " + " ".join(text.splitlines()).encode("utf-8") + b"\n\n"
 
 
-def encode_json_event(payload: dict[str, Any], event: str | None = None) -> bytes:
+def encode_json_event(payload: Mapping[str, Any], event: str | None = None) -> bytes:
     """One SSE event whose data is `payload` as JSON on one line (text beyond ASCII stays UTF-8)."""
     return encode_event(json.dumps(payload, ensure_ascii=False), event)
 

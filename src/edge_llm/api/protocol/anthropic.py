@@ -1,6 +1,6 @@
 """Anthropic's Messages API on the wire: the request bodies of /v1/messages and /v1/messages/count_tokens, their
-conversion to the chat-template messages every chat family renders, and the stop_reason mapping (its error
-envelope is in protocol/errors.py).
+conversion to the chat-template messages every chat family renders (the answers and stream events:
+protocol/anthropic_answers.py; the error envelope: protocol/errors.py).
 
 What a text model can use is read: text, tool_use and tool_result blocks, client tools with an input_schema, system
 turns inside `messages` (Claude Code sends one). `thinking` / `redacted_thinking` blocks sent back from an earlier
@@ -12,14 +12,12 @@ cache reuses every shared prefix by itself.
 
 from __future__ import annotations
 
-import json
-import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from edge_llm.api.protocol.common import MAX_STOP_STRINGS, RequestModel, SamplingDefaults, UnreadablePart
-from edge_llm.engine.types import FinishReason, Finished, SamplingParams
+from edge_llm.engine.types import SamplingParams
 
 MAX_TOOLS = 128
 
@@ -281,58 +279,3 @@ class MessagesRequest(CountTokensRequest):
             top_k=defaults.top_k if self.top_k is None else self.top_k,
             grammar=grammar,
         )
-
-
-# ---- responses -------------------------------------------------------------------------------
-
-
-def new_message_id() -> str:
-    return "msg_" + uuid.uuid4().hex[:24]
-
-
-def tool_use_id(call_id: str) -> str:
-    return "toolu_" + call_id.removeprefix("call_")
-
-
-def tool_input(arguments: str) -> dict[str, Any]:
-    """A parsed call's JSON arguments as tool_use `input`, which must be an object."""
-    try:
-        value = json.loads(arguments)
-    except ValueError:
-        return {"arguments": arguments}
-    return value if isinstance(value, dict) else {"arguments": value}
-
-
-def stop_reason(finished: Finished, tool_calls: bool) -> str:
-    """Anthropic's stop_reason for how the engine ended an answer."""
-    if tool_calls:
-        return "tool_use"
-    if finished.reason is FinishReason.STOP and finished.stop_sequence is not None:
-        return "stop_sequence"
-    if finished.reason is FinishReason.LENGTH:
-        return "max_tokens"
-    # STOP: an end token; TIMEOUT (--request-timeout) ends the turn with the text so far.
-    return "end_turn"
-
-
-def usage(prompt_tokens: int, output_tokens: int, cached_tokens: int) -> dict[str, int]:
-    """Anthropic counts input tokens read from the cache apart from the others (their sum is the prompt)."""
-    return {"input_tokens": prompt_tokens - cached_tokens, "output_tokens": output_tokens,
-            "cache_read_input_tokens": cached_tokens, "cache_creation_input_tokens": 0}
-
-
-class MessageResponse(BaseModel):
-    """The non-streamed answer (for the OpenAPI document; built as a dict)."""
-
-    id: str
-    type: Literal["message"] = "message"
-    role: Literal["assistant"] = "assistant"
-    content: list[dict[str, Any]]
-    model: str
-    stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
-    stop_sequence: str | None = None
-    usage: dict[str, int]
-
-
-class CountTokensResponse(BaseModel):
-    input_tokens: int

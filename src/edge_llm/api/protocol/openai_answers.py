@@ -1,10 +1,17 @@
-"""What the OpenAI routes answer: completions, chat completions and their stream chunks, usage and timings."""
+"""What the OpenAI routes answer: completions, chat completions and their stream chunks, usage and timings.
+
+The whole answers are pydantic models (the OpenAPI document's); the stream chunks, written once per token, are
+TypedDicts built by one function each (`chat_chunk`, `completion_chunk`, `usage_chunk`): a dict literal costs a
+fraction of a model's dump on the hot path (benchmarks/chunk_cost.py), and tests/unit/test_wire_shapes.py checks
+every encoder against the official SDK's types, so the wire cannot drift from here.
+"""
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, Literal, NotRequired, TypedDict
 
 from pydantic import BaseModel, Field
 
@@ -77,23 +84,93 @@ class ChatCompletion(BaseModel):
     timings: Timings | None = None
 
 
-class DeltaMessage(BaseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
+# ---- stream chunks -----------------------------------------------------------------------------
 
 
-class ChunkChoice(BaseModel):
-    index: int = 0
-    delta: DeltaMessage
-    finish_reason: str | None = None
-    logprobs: None = None
+@dataclass(frozen=True, slots=True)
+class StreamHead:
+    """What every chunk of one stream repeats: its id, creation time and model."""
 
-
-class ChatCompletionChunk(BaseModel):
     id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int
     model: str
-    choices: list[ChunkChoice]
-    usage: UsageInfo | None = None
-    timings: Timings | None = None
+
+
+class ChatDelta(TypedDict, total=False):
+    role: Literal["assistant"]
+    content: str
+    tool_calls: list[dict[str, Any]]
+
+
+class ChatChunkChoice(TypedDict):
+    index: int
+    delta: ChatDelta
+    logprobs: dict[str, Any] | None
+    finish_reason: str | None
+
+
+class ChatCompletionChunk(TypedDict):
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    timings: NotRequired[dict[str, float]]  # the last chunk of a choice: where its time went (not OpenAI's)
+
+
+class CompletionChunkChoice(TypedDict):
+    index: int
+    text: str
+    logprobs: dict[str, Any] | None
+    finish_reason: str | None
+
+
+class CompletionChunk(TypedDict):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChunkChoice]
+    timings: NotRequired[dict[str, float]]
+
+
+class UsageChunk(TypedDict):
+    """The chunk `stream_options.include_usage` asks for: no choices, the usage of the whole request."""
+
+    id: str
+    object: Literal["chat.completion.chunk", "text_completion"]
+    created: int
+    model: str
+    choices: list[Any]
+    usage: dict[str, Any]
+
+
+def chat_chunk(head: StreamHead, index: int, delta: ChatDelta, finish_reason: str | None = None,
+               logprobs: dict[str, Any] | None = None, timings: dict[str, float] | None = None
+               ) -> ChatCompletionChunk:
+    # OpenAI's chunks keep explicit nulls (logprobs, finish_reason).
+    chunk: ChatCompletionChunk = {
+        "id": head.id, "object": "chat.completion.chunk", "created": head.created, "model": head.model,
+        "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
+    }
+    if timings is not None:
+        chunk["timings"] = timings
+    return chunk
+
+
+def completion_chunk(head: StreamHead, index: int, text: str, finish_reason: str | None = None,
+                     logprobs: dict[str, Any] | None = None, timings: dict[str, float] | None = None
+                     ) -> CompletionChunk:
+    chunk: CompletionChunk = {
+        "id": head.id, "object": "text_completion", "created": head.created, "model": head.model,
+        "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
+    }
+    if timings is not None:
+        chunk["timings"] = timings
+    return chunk
+
+
+def usage_chunk(head: StreamHead, kind: Literal["chat.completion.chunk", "text_completion"], usage: dict[str, Any]
+                ) -> UsageChunk:
+    return {"id": head.id, "object": kind, "created": head.created, "model": head.model, "choices": [],
+            "usage": usage}

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel
@@ -25,6 +25,7 @@ from edge_llm.api.serving.body import request_json
 from edge_llm.api.serving.outcome import ChoiceResult, Generation, prefill_note, usage_info, total_usage, merged_timings, failure_error, engine_unavailable
 from edge_llm.api.serving.progress import PrefillBeats
 from edge_llm.api.protocol.common import SamplingDefaults
+from edge_llm.api.protocol.openai_answers import StreamHead, usage_chunk
 from edge_llm.api.sse import DONE, EventStreamResponse, encode_json_event
 from edge_llm.config import Settings
 from edge_llm.engine.facade import EngineClient
@@ -359,12 +360,12 @@ class Serving:
         }
 
     def stream_end(self, generation: Generation, finished: list[Finished | None], include_usage: bool,
-                   header: dict[str, Any]) -> bytes:
+                   head: StreamHead, kind: Literal["chat.completion.chunk", "text_completion"]) -> bytes:
         """The usage chunk (empty choices; only when asked for), then the end marker."""
         if not include_usage:
             return DONE
         usage = usage_info(total_usage(generation, finished)).model_dump()
-        return encode_json_event({**header, "model": self.model_id, "choices": [], "usage": usage}) + DONE
+        return encode_json_event(usage_chunk(head, kind, usage)) + DONE
 
 
 async def _until_disconnected(request: Request) -> None:

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 
 from edge_llm.api.errors import invalid_request
 from edge_llm.api.protocol.openai_chat import ChatCompletionRequest, NamedToolChoice, SimplePromptRequest
-from edge_llm.api.protocol.openai_answers import new_completion_id
+from edge_llm.api.protocol.openai_answers import ChatDelta, StreamHead, chat_chunk, new_completion_id
 from edge_llm.api.request_context import RequestContext, request_context
 from edge_llm.api.serving.base import Serving
 from edge_llm.api.serving.grammars import Grammars
@@ -122,22 +122,16 @@ class ChatServing(Serving):
 
     async def _chat_chunks(self, generation: Generation, plan: ChatPlan, include_usage: bool
                            ) -> AsyncIterator[bytes]:
-        completion_id = new_completion_id()
-        created = int(time.time())
+        head = StreamHead(new_completion_id(), int(time.time()), self.model_id)
         want_logprobs = generation.wants_logprobs
         tails = [ToolCallTail(plan.tools) for _ in generation.requests]
         finished: list[Finished | None] = [None] * len(generation.requests)
 
-        def chunk(index: int, delta: dict[str, Any], finish_reason: str | None = None,
-                  logprobs: list[TokenLogprob] | None = None, **extra: Any) -> bytes:
-            # Built as a dict: this runs once per token, and OpenAI's shape keeps explicit nulls.
-            return encode_json_event({
-                "id": completion_id, "object": "chat.completion.chunk", "created": created, "model": self.model_id,
-                "choices": [{"index": index, "delta": delta,
-                             "logprobs": chat_logprobs(logprobs) if want_logprobs and logprobs is not None else None,
-                             "finish_reason": finish_reason}],
-                **extra,
-            })
+        def chunk(index: int, delta: ChatDelta, finish_reason: str | None = None,
+                  logprobs: list[TokenLogprob] | None = None, timings: dict[str, float] | None = None) -> bytes:
+            return encode_json_event(chat_chunk(
+                head, index, delta, finish_reason,
+                chat_logprobs(logprobs) if want_logprobs and logprobs is not None else None, timings))
 
         def content_chunks(index: int, text: str, calls: list[ParsedToolCall],
                            logprobs: list[TokenLogprob]) -> list[bytes]:
@@ -165,8 +159,7 @@ class ChatServing(Serving):
                 yield chunk(index, {}, reason, timings=event.timings)
             elif isinstance(event, Failed):
                 yield encode_json_event(error_body(event))
-        yield self.stream_end(generation, finished, include_usage,
-                              {"id": completion_id, "object": "chat.completion.chunk", "created": created})
+        yield self.stream_end(generation, finished, include_usage, head, "chat.completion.chunk")
 
     # ---- the simple body: {"prompt": ...} in, plain text out ---------------------------------------
 

@@ -13,7 +13,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from edge_llm.api.protocol.openai_completions import CompletionRequest
-from edge_llm.api.protocol.openai_answers import new_completion_id
+from edge_llm.api.protocol.openai_answers import StreamHead, completion_chunk, new_completion_id
 from edge_llm.api.request_context import request_context
 from edge_llm.api.serving.base import Serving
 from edge_llm.api.serving.outcome import ChoiceResult, Generation, error_body, piece_text
@@ -78,22 +78,16 @@ class CompletionServing(Serving):
 
     async def _completion_chunks(self, generation: Generation, echo: list[str], include_usage: bool
                                  ) -> AsyncIterator[bytes]:
-        completion_id = _completion_id()
-        created = int(time.time())
+        head = StreamHead(_completion_id(), int(time.time()), self.model_id)
         want_logprobs = generation.wants_logprobs
         offsets = [len(echo[generation.prompt_of_choice[i]]) for i in range(len(generation.requests))]
         finished: list[Finished | None] = [None] * len(generation.requests)
 
         def chunk(index: int, text: str, finish_reason: str | None = None,
-                  logprobs: list[TokenLogprob] | None = None, **extra: Any) -> bytes:
-            return encode_json_event({
-                "id": completion_id, "object": "text_completion", "created": created, "model": self.model_id,
-                "choices": [{"index": index, "text": text,
-                             "logprobs": completion_logprobs(logprobs or [], offsets[index]) if want_logprobs
-                             else None,
-                             "finish_reason": finish_reason}],
-                **extra,
-            })
+                  logprobs: list[TokenLogprob] | None = None, timings: dict[str, float] | None = None) -> bytes:
+            return encode_json_event(completion_chunk(
+                head, index, text, finish_reason,
+                completion_logprobs(logprobs or [], offsets[index]) if want_logprobs else None, timings))
 
         for index in range(len(generation.requests)):
             prefix = echo[generation.prompt_of_choice[index]]
@@ -108,8 +102,7 @@ class CompletionServing(Serving):
                 yield chunk(index, "", event.reason.value, timings=event.timings)
             elif isinstance(event, Failed):
                 yield encode_json_event(error_body(event))
-        yield self.stream_end(generation, finished, include_usage,
-                              {"id": completion_id, "object": "text_completion", "created": created})
+        yield self.stream_end(generation, finished, include_usage, head, "text_completion")
 
 
 def completion_logprobs(entries: list[TokenLogprob], text_offset: int) -> dict[str, Any]:

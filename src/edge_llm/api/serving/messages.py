@@ -12,21 +12,31 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from edge_llm.api.errors import invalid_request
 from edge_llm.api.params import report_ignored
-from edge_llm.api.protocol.anthropic import (
-    CountTokensRequest,
-    MessagesRequest,
+from edge_llm.api.protocol.anthropic import CountTokensRequest, MessagesRequest, set_aside_server_tools
+from edge_llm.api.protocol import anthropic_answers
+from edge_llm.api.protocol.anthropic_answers import (
+    ContentBlock,
+    Message,
+    StreamEvent,
+    ToolUseBlock,
+    block_start,
+    block_stop,
+    input_json_delta,
+    message,
+    message_delta,
+    message_start,
+    message_stop,
     new_message_id,
-    set_aside_server_tools,
+    ping,
     stop_reason,
-    tool_input,
-    tool_use_id,
+    text_block,
+    text_delta,
     usage,
 )
 from edge_llm.api.request_context import request_context
@@ -62,7 +72,7 @@ class MessagesServing(Serving):
         )
         headers = {**self.headers(generation), "request-id": generation.request_id}  # the SDK reads request-id
         if anthropic.stream:
-            beats = PrefillBeats(lambda: event("ping", {"type": "ping"}))
+            beats = PrefillBeats(lambda: event(ping()))
             return self.stream(generation, self._events(generation, names, beats), headers=headers, beats=beats)
         result = (await self.collect(request, generation))[0]
         assert result.finished is not None
@@ -91,24 +101,15 @@ class MessagesServing(Serving):
     # ---- the answer ----------------------------------------------------------------------------
 
     def _message(self, generation: Generation, text: str, finished: Finished, names: tuple[str, ...]
-                 ) -> dict[str, Any]:
+                 ) -> Message:
         text, calls = split_calls(text, names)
-        content: list[dict[str, Any]] = []
+        content: list[ContentBlock] = []
         if text or not calls:  # a text block even when empty, so content[0] is there for simple clients
-            content.append({"type": "text", "text": text})
+            content.append(text_block(text))
         content.extend(tool_use_block(call) for call in calls)
-        reason = stop_reason(finished, bool(calls))
-        return {
-            "id": new_message_id(),
-            "type": "message",
-            "role": "assistant",
-            "content": content,
-            "model": self.model_id,
-            "stop_reason": reason,
-            "stop_sequence": finished.stop_sequence if reason == "stop_sequence" else None,
-            "usage": usage(generation.prompt_lengths[0], finished.usage.completion_tokens,
-                           finished.usage.cached_tokens),
-        }
+        return message(new_message_id(), self.model_id, content, stop_reason(finished, bool(calls)),
+                       finished.stop_sequence, usage(generation.prompt_lengths[0], finished.usage.completion_tokens,
+                                                     finished.usage.cached_tokens))
 
     async def _events(self, generation: Generation, names: tuple[str, ...], beats: PrefillBeats
                       ) -> AsyncIterator[bytes]:
@@ -117,12 +118,10 @@ class MessagesServing(Serving):
         engine fails midway."""
         blocks = _Blocks()
         tail = ToolCallTail(names)
-        yield event("message_start", {"type": "message_start", "message": {
-            "id": new_message_id(), "type": "message", "role": "assistant", "content": [], "model": self.model_id,
-            "stop_reason": None, "stop_sequence": None,
-            # The cached part of the prompt is known only at the end: message_delta has the final figures.
-            "usage": usage(generation.prompt_lengths[0], 0, 0)}})
-        yield event("ping", {"type": "ping"})
+        # The cached part of the prompt is known only at the end: message_delta has the final figures.
+        yield event(message_start(message(new_message_id(), self.model_id, [], None, None,
+                                          usage(generation.prompt_lengths[0], 0, 0))))
+        yield event(ping())
         beats.arm()
         async for _, engine_event in generation.channel.choice_events():
             beats.stop()
@@ -137,15 +136,12 @@ class MessagesServing(Serving):
                 for data in blocks.close(final=True):
                     yield data
                 reason = stop_reason(engine_event, bool(tail.calls))
-                yield event("message_delta", {
-                    "type": "message_delta",
-                    "delta": {"stop_reason": reason,
-                              "stop_sequence": engine_event.stop_sequence if reason == "stop_sequence" else None},
-                    "usage": usage(generation.prompt_lengths[0], engine_event.usage.completion_tokens,
-                                   engine_event.usage.cached_tokens)})
-                yield event("message_stop", {"type": "message_stop"})
+                yield event(message_delta(reason, engine_event.stop_sequence, usage(
+                    generation.prompt_lengths[0], engine_event.usage.completion_tokens,
+                    engine_event.usage.cached_tokens)))
+                yield event(message_stop())
             elif isinstance(engine_event, Failed):
-                yield event("error", failure_error(engine_event).anthropic_body())
+                yield encode_json_event(failure_error(engine_event).anthropic_body(), event="error")
 
 
 class _Blocks:
@@ -160,18 +156,14 @@ class _Blocks:
         out: list[bytes] = []
         if text:
             if not self.text_open:
-                out.append(self._start({"type": "text", "text": ""}))
+                out.append(self._start(text_block("")))
                 self.text_open = True
-            out.append(event("content_block_delta", {"type": "content_block_delta", "index": self.count - 1,
-                                                     "delta": {"type": "text_delta", "text": text}}))
+            out.append(event(text_delta(self.count - 1, text)))
         for call in calls:
             out.extend(self.close())
             block = tool_use_block(call)
             out.append(self._start({**block, "input": {}}))
-            out.append(event("content_block_delta", {
-                "type": "content_block_delta", "index": self.count - 1,
-                "delta": {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)},
-            }))
+            out.append(event(input_json_delta(self.count - 1, json.dumps(block["input"], ensure_ascii=False))))
             out.append(self._stop())
         return out
 
@@ -181,22 +173,21 @@ class _Blocks:
             self.text_open = False
             return [self._stop()]
         if final and self.count == 0:
-            return [self._start({"type": "text", "text": ""}), self._stop()]
+            return [self._start(text_block("")), self._stop()]
         return []
 
-    def _start(self, block: dict[str, Any]) -> bytes:
+    def _start(self, block: ContentBlock) -> bytes:
         self.count += 1
-        return event("content_block_start", {"type": "content_block_start", "index": self.count - 1,
-                                             "content_block": block})
+        return event(block_start(self.count - 1, block))
 
     def _stop(self) -> bytes:
-        return event("content_block_stop", {"type": "content_block_stop", "index": self.count - 1})
+        return event(block_stop(self.count - 1))
 
 
-def tool_use_block(call: ParsedToolCall) -> dict[str, Any]:
-    return {"type": "tool_use", "id": tool_use_id(call.id), "name": call.name, "input": tool_input(call.arguments)}
+def tool_use_block(call: ParsedToolCall) -> ToolUseBlock:
+    return anthropic_answers.tool_use_block(call.id, call.name, call.arguments)
 
 
-def event(name: str, payload: dict[str, Any]) -> bytes:
+def event(payload: StreamEvent) -> bytes:
     """Anthropic names each event and repeats the name as the payload's `type`."""
-    return encode_json_event(payload, event=name)
+    return encode_json_event(payload, event=payload["type"])

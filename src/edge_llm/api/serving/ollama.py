@@ -27,8 +27,9 @@ from edge_llm.api.params import report_ignored
 from edge_llm.api.protocol.ollama import OllamaChatRequest, OllamaGenerateRequest, OllamaOptions
 from edge_llm.api.request_context import RequestContext, request_context
 from edge_llm.api.serving.outcome import Generation, failure_error
+from edge_llm.api.protocol.ollama_answers import done_answer
 from edge_llm.api.serving.base import Serving
-from edge_llm.api.serving.ollama_stream import Answer, Clock, Piece, done_answer, pieces
+from edge_llm.api.serving.ollama_stream import Answer, Clock, Piece, pieces
 from edge_llm.engine.types import Failed, FimTokens, Finished
 from edge_llm.prompting.fim import cursor_line_split, infill_prompt, suffix_echo_stop
 from edge_llm.registry.registry import ModelRegistry

@@ -14,31 +14,23 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from edge_llm.api.protocol.anthropic import tool_input
+from edge_llm.api.protocol.anthropic_answers import tool_input
+from edge_llm.api.protocol.ollama_answers import (
+    ChatLine,
+    Figures,
+    GenerateLine,
+    ToolCall,
+    chat_line,
+    figures,
+    generate_line,
+    tool_call,
+)
 from edge_llm.api.request_context import RequestContext
 from edge_llm.api.serving.outcome import Generation
 from edge_llm.api.serving.chat import chat_logprobs
 from edge_llm.engine.types import Failed, Finished, TextDelta, TokenLogprob
 from edge_llm.api.serving.tool_calls import ToolCallTail
 from edge_llm.prompting.tools import ParsedToolCall
-
-
-def created_at() -> str:
-    """Now, as Go writes a UTC time in JSON (RFC 3339 with nanoseconds, trailing zeros dropped, "Z")."""
-    seconds, nanoseconds = divmod(time.time_ns(), 1_000_000_000)
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
-    fraction = f"{nanoseconds:09d}".rstrip("0")
-    return f"{stamp}.{fraction}Z" if fraction else f"{stamp}Z"
-
-
-def done_answer(model: str, *, chat: bool, reason: str) -> dict[str, Any]:
-    """The answer of a request that only loaded (`load`) or unloaded (`unload`) its model."""
-    answer: dict[str, Any] = {"model": model, "created_at": created_at()}
-    if chat:
-        answer["message"] = {"role": "assistant", "content": ""}
-    else:
-        answer["response"] = ""
-    return {**answer, "done": True, "done_reason": reason}
 
 
 @dataclass
@@ -95,7 +87,7 @@ class Answer:
         self.logprobs = logprobs
         self._calls = 0  # tool calls so far: each one's `function.index`
 
-    def piece(self, piece: Piece) -> dict[str, Any] | None:
+    def piece(self, piece: Piece) -> ChatLine | GenerateLine | None:
         """A streamed object (`done: false`), or None when the piece holds nothing to send yet."""
         if not (piece.text or piece.calls or (self.logprobs and piece.logprobs)):
             return None
@@ -112,43 +104,27 @@ class Answer:
         return {**self._object("".join(part.text for part in parts), calls, logprobs, done=True),
                 **self._figures(finished, context)}
 
-    def _object(self, text: str, calls: list[dict[str, Any]], logprobs: list[TokenLogprob], *, done: bool
-                ) -> dict[str, Any]:
-        answer: dict[str, Any] = {"model": self.model, "created_at": created_at()}
+    def _object(self, text: str, calls: list[ToolCall], logprobs: list[TokenLogprob], *, done: bool
+                ) -> ChatLine | GenerateLine:
+        # Ollama's logprobs are OpenAI's chat entries.
+        entries = chat_logprobs(logprobs)["content"] if self.logprobs and logprobs else None
         if self.chat:
-            message: dict[str, Any] = {"role": "assistant", "content": text}
-            if calls:
-                message["tool_calls"] = calls
-            answer["message"] = message
-        else:
-            answer["response"] = text
-        answer["done"] = done
-        if self.logprobs and logprobs:
-            answer["logprobs"] = chat_logprobs(logprobs)["content"]  # Ollama's shape is OpenAI's chat entries
-        return answer
+            return chat_line(self.model, text, calls, done, entries)
+        return generate_line(self.model, text, done, entries)
 
-    def _tool_calls(self, calls: list[ParsedToolCall]) -> list[dict[str, Any]]:
+    def _tool_calls(self, calls: list[ParsedToolCall]) -> list[ToolCall]:
         out = []
         for call in calls:
-            out.append({"id": call.id, "function": {"index": self._calls, "name": call.name,
-                                                    "arguments": tool_input(call.arguments)}})
+            out.append(tool_call(call.id, self._calls, call.name, tool_input(call.arguments)))
             self._calls += 1
         return out
 
-    def _figures(self, finished: Finished, context: list[int] | None) -> dict[str, Any]:
+    def _figures(self, finished: Finished, context: list[int] | None) -> Figures:
         timings = finished.timings
-        figures: dict[str, Any] = {"done_reason": finished.reason.value}
-        if context is not None:
-            figures["context"] = context
-        return {
-            **figures,
-            "total_duration": self.clock.total_ns(),
-            "load_duration": self.clock.load_ns,
-            "prompt_eval_count": self.prompt_tokens,
-            "prompt_eval_duration": _ns(timings.get("prefill_ms", 0.0)),
-            "eval_count": finished.usage.completion_tokens,
-            "eval_duration": _ns(timings.get("decode_ms", 0.0)),
-        }
+        return figures(finished.reason.value, context=context, total_ns=self.clock.total_ns(),
+                       load_ns=self.clock.load_ns, prompt_tokens=self.prompt_tokens,
+                       prompt_ns=_ns(timings.get("prefill_ms", 0.0)), output_tokens=finished.usage.completion_tokens,
+                       output_ns=_ns(timings.get("decode_ms", 0.0)))
 
 
 def _ns(milliseconds: float) -> int:

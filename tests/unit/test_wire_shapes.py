@@ -1,0 +1,195 @@
+"""Every wire encoder in api/protocol/ against the official SDK's own types: what it writes must validate as the type
+the client parses it into, with no key the SDK does not know (except the extras this server documents), so the wire
+cannot drift from the protocol package again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ollama
+import pytest
+from anthropic.types import Message as AnthropicMessage
+from anthropic.types import RawMessageStreamEvent
+from openai.types import Completion
+from openai.types.chat import ChatCompletionChunk
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import BaseModel, TypeAdapter
+
+from edge_llm.api.protocol import anthropic_answers as anthropic
+from edge_llm.api.protocol import ollama_answers
+from edge_llm.api.protocol import responses_answers as responses
+from edge_llm.api.protocol.responses import ResponsesRequest
+from edge_llm.api.protocol.openai_answers import StreamHead, chat_chunk, completion_chunk, usage_chunk
+from edge_llm.engine.types import FinishReason, Finished, Usage
+
+HEAD = StreamHead("chatcmpl-1", 1_700_000_000, "qwen")
+TIMINGS = {"queue_ms": 1.0, "prefill_ms": 2.0, "decode_ms": 3.0}
+OPENAI_USAGE = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7,
+                "prompt_tokens_details": {"cached_tokens": 3}}
+LOGPROBS = {"content": [{"token": "Hi", "logprob": -0.5, "bytes": [72, 105],
+                         "top_logprobs": [{"token": "Hi", "logprob": -0.5, "bytes": [72, 105]}]}], "refusal": None}
+
+
+def unknown_keys(value: Any, path: str = "") -> list[str]:
+    """The keys a validated SDK object kept as extras (its models allow them): keys the SDK does not know."""
+    if isinstance(value, BaseModel):
+        found = [f"{path}.{key}" for key in (value.model_extra or {})]
+        for name in value.model_fields_set:
+            found += unknown_keys(getattr(value, name), f"{path}.{name}")
+        return found
+    if isinstance(value, list):
+        return [key for index, item in enumerate(value) for key in unknown_keys(item, f"{path}.{index}")]
+    return []
+
+
+def validated(kind: Any, payload: dict[str, Any], extras: tuple[str, ...] = ()) -> Any:
+    parsed = TypeAdapter(kind).validate_python(payload)
+    assert sorted(unknown_keys(parsed)) == sorted(extras), payload
+    return parsed
+
+
+# ---- OpenAI chat and text completions ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("chunk, extras", [
+    (chat_chunk(HEAD, 0, {"role": "assistant", "content": ""}), ()),
+    (chat_chunk(HEAD, 1, {"content": "Hi"}, logprobs=LOGPROBS), ()),
+    (chat_chunk(HEAD, 0, {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                          "function": {"name": "f", "arguments": "{}"}}]}), ()),
+    (chat_chunk(HEAD, 0, {}, "stop", timings=TIMINGS), (".timings",)),
+    (usage_chunk(HEAD, "chat.completion.chunk", OPENAI_USAGE), ()),
+])
+def test_chat_chunks_are_openai_chunks(chunk: dict[str, Any], extras: tuple[str, ...]) -> None:
+    parsed = validated(ChatCompletionChunk, dict(chunk), extras)
+    assert parsed.id == HEAD.id and parsed.model == HEAD.model and parsed.created == HEAD.created
+
+
+def test_a_chat_chunk_keeps_explicit_nulls() -> None:
+    choice = chat_chunk(HEAD, 0, {"content": "x"})["choices"][0]
+    assert choice["finish_reason"] is None and "logprobs" in choice and choice["logprobs"] is None
+
+
+@pytest.mark.parametrize("chunk, extras", [
+    (completion_chunk(HEAD, 0, "Hi"), ()),
+    (completion_chunk(HEAD, 0, "Hi", logprobs={"tokens": ["Hi"], "token_logprobs": [-0.5],
+                                               "top_logprobs": [{"Hi": -0.5}], "text_offset": [0]}), ()),
+    (completion_chunk(HEAD, 0, "", "length", timings=TIMINGS), (".timings",)),
+    (usage_chunk(HEAD, "text_completion", OPENAI_USAGE), ()),
+])
+def test_completion_chunks_are_openai_completions(chunk: dict[str, Any], extras: tuple[str, ...]) -> None:
+    # OpenAI streams `"finish_reason": null` until the last chunk (the SDK builds stream chunks without validating,
+    # and its Completion type lists only the final reasons): checked as null, validated with a final reason.
+    choices = [{**choice, "finish_reason": choice["finish_reason"] or "stop"} for choice in chunk["choices"]]
+    assert all(choice["finish_reason"] in (None, "stop", "length") for choice in chunk["choices"])
+    validated(Completion, {**chunk, "choices": choices}, extras)
+
+
+# ---- Anthropic ---------------------------------------------------------------------------------------
+
+USAGE = anthropic.usage(10, 4, 6)
+FINISHED = Finished(reason=FinishReason.STOP, usage=Usage(prompt_tokens=10, completion_tokens=4, cached_tokens=6),
+                    timings={}, stop_sequence="END")
+
+
+def test_anthropic_events_are_raw_message_stream_events() -> None:
+    opening = anthropic.message("msg_1", "qwen", [], None, None, anthropic.usage(10, 0, 0))
+    events = [
+        anthropic.message_start(opening),
+        anthropic.block_start(0, anthropic.text_block("")),
+        anthropic.text_delta(0, "Hello"),
+        anthropic.block_stop(0),
+        anthropic.block_start(1, {**anthropic.tool_use_block("call_9", "f", '{"a": 1}'), "input": {}}),
+        anthropic.input_json_delta(1, '{"a": 1}'),
+        anthropic.block_stop(1),
+        anthropic.message_delta(anthropic.stop_reason(FINISHED, False), FINISHED.stop_sequence, USAGE),
+        anthropic.message_stop(),
+    ]
+    parsed = [validated(RawMessageStreamEvent, dict(event)) for event in events]
+    assert [event.type for event in parsed] == [event["type"] for event in events]
+    assert parsed[-2].delta.stop_reason == "stop_sequence" and parsed[-2].delta.stop_sequence == "END"
+    assert parsed[4].content_block.id == "toolu_9"
+    assert anthropic.ping() == {"type": "ping"}  # not in RawMessageStreamEvent: the SDK skips it by name
+
+
+def test_an_anthropic_message_is_the_sdks_message() -> None:
+    content = [anthropic.text_block("Hi"), anthropic.tool_use_block("call_2", "f", "[1]")]
+    body = anthropic.message("msg_2", "qwen", content, "tool_use", "ignored", USAGE)
+    parsed = validated(AnthropicMessage, dict(body))
+    assert parsed.stop_sequence is None  # only a stop_sequence reason names it
+    assert parsed.content[1].input == {"arguments": [1]}  # input is always an object
+    assert parsed.usage.input_tokens + parsed.usage.cache_read_input_tokens == 10
+
+
+# ---- Responses ---------------------------------------------------------------------------------------
+
+
+def _response(status: responses.Status, output: list[Any], usage: Any = None) -> responses.Response:
+    return responses.response("resp_1", 1_700_000_000, status, "qwen", output, completed_at=None, usage=usage,
+                              error=None, incomplete_reason="max_output_tokens" if status == "incomplete" else None,
+                              echo=ResponsesRequest.model_validate({"input": "hi", "tools": [TOOL]}).echo(stored=True))
+
+
+TOOL = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}
+# OpenAI's Responses carry `store` (whether the response is kept); the SDK's Response type does not list it.
+RESPONSE_EXTRAS = (".response.store",)
+
+
+def test_responses_events_are_response_stream_events() -> None:
+    message = responses.message_item("msg_1", "in_progress", [])
+    call = responses.function_call_item("fc_1", "completed", "call_1", "f", "{}")
+    usage = responses.response_usage(Usage(prompt_tokens=5, completion_tokens=2, cached_tokens=1))
+    events = [
+        responses.response_event("created", 0, _response("in_progress", [])),
+        responses.response_event("in_progress", 1, _response("in_progress", [])),
+        responses.output_item_event("added", 2, 0, message),
+        responses.content_part_event("added", 3, "msg_1", 0, responses.text_part("")),
+        responses.text_delta_event(4, "msg_1", 0, "Hi"),
+        responses.text_done_event(5, "msg_1", 0, "Hi"),
+        responses.content_part_event("done", 6, "msg_1", 0, responses.text_part("Hi")),
+        responses.output_item_event("done", 7, 0, responses.message_item("msg_1", "completed",
+                                                                          [responses.text_part("Hi")])),
+        responses.output_item_event("added", 8, 1, {**call, "status": "in_progress", "arguments": ""}),
+        responses.arguments_delta_event(9, "fc_1", 1, "{}"),
+        responses.arguments_done_event(10, "fc_1", 1, "{}"),
+        responses.output_item_event("done", 11, 1, call),
+        responses.response_event("completed", 12, _response("completed", [message, call], usage)),
+        responses.response_event("incomplete", 13, _response("incomplete", [message], usage)),
+    ]
+    parsed = [validated(ResponseStreamEvent, dict(event), RESPONSE_EXTRAS if "response" in event else ())
+              for event in events]
+    assert [event.type for event in parsed] == [event["type"] for event in events]
+    assert [event.sequence_number for event in parsed] == list(range(len(events)))
+    failed = _response("failed", [])
+    failed["error"] = {"code": "server_error", "message": "engine stopped"}
+    assert validated(Response, dict(failed), (".store",)).error.code == "server_error"
+
+
+# ---- Ollama ------------------------------------------------------------------------------------------
+
+# Keys the ollama python client's types do not list and drop: a tool call's id and index (as Ollama's server sends
+# them) and a logprob's bytes (the entries are OpenAI's chat logprob entries).
+OLLAMA_ONLY = {"id", "index", "bytes"}
+
+
+def _without_go_only(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_go_only(v) for k, v in value.items() if k not in OLLAMA_ONLY}
+    if isinstance(value, list):
+        return [_without_go_only(item) for item in value]
+    return value
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_ollama_lines_are_the_clients_responses(chat: bool) -> None:
+    kind = ollama.ChatResponse if chat else ollama.GenerateResponse
+    call = ollama_answers.tool_call("call_1", 0, "f", {"a": 1})
+    line = (ollama_answers.chat_line("qwen", "Hi", [call], False, LOGPROBS["content"]) if chat
+            else ollama_answers.generate_line("qwen", "Hi", False, LOGPROBS["content"]))
+    figures = ollama_answers.figures("stop", context=None if chat else [1, 2], total_ns=9, load_ns=0,
+                                      prompt_tokens=5, prompt_ns=3, output_tokens=2, output_ns=4)
+    last = {**(ollama_answers.chat_line("qwen", "", [], True) if chat
+               else ollama_answers.generate_line("qwen", "", True)), **figures}
+    for payload in (line, last, ollama_answers.done_answer("qwen", chat=chat, reason="load")):
+        parsed = kind.model_validate(payload)
+        # The client keeps every key it knows: nothing it knows was sent under another name.
+        assert parsed.model_dump(exclude_unset=True, mode="json") == _without_go_only(dict(payload))
