@@ -291,3 +291,14 @@ def test_n_probs_gives_llama_servers_completion_probabilities(server: RunningSer
     assert all(0 < entry["prob"] <= 1 and len(entry["top_probs"]) == 3 for entry in streamed)
     assert "completion_probabilities" not in httpx.post(server.url + "/completion", timeout=120,
                                                         json={**body, "n_probs": 0}).json()
+
+
+def test_tokenize_with_pieces_spells_each_token(server: RunningServer) -> None:
+    text = "unicode 媽 and emoji 🤗"
+    plain = httpx.post(server.url + "/tokenize", json={"content": text}, timeout=30).json()["tokens"]
+    answer = httpx.post(server.url + "/tokenize", json={"content": text, "with_pieces": True}, timeout=30).json()
+    assert [token["id"] for token in answer["tokens"]] == plain and answer["count"] == len(plain)
+    pieces = [token["piece"] for token in answer["tokens"]]
+    assert any(isinstance(piece, list) for piece in pieces)  # the emoji's bytes span tokens: no text on their own
+    spelled = b"".join(piece.encode() if isinstance(piece, str) else bytes(piece) for piece in pieces)
+    assert spelled.decode() == text

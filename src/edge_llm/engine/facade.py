@@ -66,6 +66,7 @@ class LoadedModel(Protocol):
     def n_vocab(self) -> int: ...
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]: ...
     def detokenize(self, tokens: list[int]) -> str: ...
+    def token_pieces(self, tokens: list[int]) -> list[bytes]: ...
     def is_valid_token(self, token: int) -> bool: ...
     def check_grammar(self, grammar: str) -> None: ...
 
@@ -219,6 +220,11 @@ class EngineClient:
     def detokenize(self, tokens: list[int]) -> str:
         """Blocking: call it in the tokenizer thread (`in_tokenizer_thread`)."""
         return self._model().detokenize(tokens)
+
+    def token_pieces(self, tokens: list[int]) -> list[bytes]:
+        """Each token's bytes (a piece of a multi-byte character is not text on its own). Blocking: call it in
+        the tokenizer thread."""
+        return self._model().token_pieces(tokens)
 
     async def in_tokenizer_thread(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Runs vocabulary, chat-template and grammar work in the tokenizer thread, so that neither the event

@@ -10,6 +10,7 @@ class TokenizeRequest(RequestModel):
     content: str
     add_special: bool = False
     parse_special: bool = True
+    with_pieces: bool = False  # each token as {"id", "piece"}: its text, or its bytes when they are not UTF-8
 
 
 class DetokenizeRequest(RequestModel):

@@ -15,6 +15,15 @@ from edge_llm.api.serving.base import Serving
 logger = logging.getLogger(__name__)
 
 
+def _piece(piece: bytes) -> str | list[int]:
+    """llama-server's `piece`: the token's text, or its bytes when they are not UTF-8 on their own (a part of a
+    multi-byte character)."""
+    try:
+        return piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(piece)
+
+
 class TokenizationServing(Serving):
     async def tokenize(self, request: Request) -> JSONResponse:
         context = request_context(request)
@@ -22,7 +31,11 @@ class TokenizationServing(Serving):
         tokens = await self.off_loop(context,
             self.engine.tokenize, body.content, add_special=body.add_special, parse_special=body.parse_special
         )
-        return JSONResponse({"tokens": tokens, "count": len(tokens)})
+        if not body.with_pieces:
+            return JSONResponse({"tokens": tokens, "count": len(tokens)})
+        pieces = await self.off_loop(self.engine.token_pieces, tokens)
+        return JSONResponse({"tokens": [{"id": token, "piece": _piece(piece)} for token, piece in zip(tokens, pieces)],
+                             "count": len(tokens)})
 
     async def detokenize(self, request: Request) -> JSONResponse:
         context = request_context(request)

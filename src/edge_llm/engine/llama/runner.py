@@ -243,6 +243,10 @@ class LlamaRunner:
             n = llama_cpp.llama_detokenize(self._vocab, array, len(tokens), buffer, -n, False, False)
         return buffer.raw[:n].decode("utf-8", errors="replace")
 
+    def token_pieces(self, tokens: list[int]) -> list[bytes]:
+        """Each token's bytes as the vocabulary spells it (control tokens by their text)."""
+        return [self._piece(token, special=True) for token in tokens]
+
     def is_valid_token(self, token: int) -> bool:
         return 0 <= token < self._n_vocab
 

