@@ -29,7 +29,7 @@ NEW_TOKENS = 4
 SENT_HEADERS = ("content-type", "accept", "anthropic-version", "anthropic-beta")
 # The key that bounds the answer, per route.
 LIMIT_KEY = {"/v1/chat/completions": "max_tokens", "/v1/completions": "max_tokens", "/v1/messages": "max_tokens",
-             "/v1/responses": "max_output_tokens"}
+             "/v1/responses": "max_output_tokens", "/completion": "n_predict"}
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -78,8 +78,10 @@ def streamed(path: str, body: dict[str, Any]) -> bool:
 
 def assert_stream_ended(path: str, events: list[str]) -> None:
     assert events, "the stream sent nothing"
-    if path == "/v1/chat/completions":
+    if path in ("/v1/chat/completions", "/v1/completions"):
         assert events[-1] == "|[DONE]" or events[-1].endswith("|[DONE]"), events[-3:]
+    elif path == "/completion":  # llama-server's own stream: no [DONE], the last object has "stop": true
+        assert json.loads(events[-1].split("|", 1)[1])["stop"] is True, events[-3:]
     elif path == "/v1/responses":
         # response.incomplete when the NEW_TOKENS cap ended it: both are the stream's end
         assert events[-1].split("|", 1)[0] in ("response.completed", "response.incomplete"), events[-3:]
@@ -95,7 +97,8 @@ def assert_stream_ended(path: str, events: list[str]) -> None:
 
 def test_the_corpus_covers_the_clients() -> None:
     assert {path.parent.name for path in FIXTURES} >= {
-        "codex", "claude-code", "openai-python", "anthropic-python", "langchain-ollama", "vercel-ai-sdk"}
+        "codex", "claude-code", "openai-python", "anthropic-python", "langchain-ollama", "vercel-ai-sdk", "litellm",
+        "llama-index", "continue", "open-webui"}
 
 
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda path: f"{path.parent.name}/{path.stem}")

@@ -64,18 +64,25 @@ class Recorder:
 
 def write(client: str, call: str, library: str, how: str, request: Any) -> None:
     url = request.url
+    write_record(client, call, library, importlib.metadata.version(library), f"tests/tools/build_client_fixtures.py: {how}",
+                 request.method, url.path, url.query.decode(), dict(request.headers.items()), request.content)
+
+
+def write_record(client: str, call: str, program: str, version: str, how: str, method: str, path: str, query: str,
+                 headers: dict[str, str], content: bytes) -> None:
+    """One corpus file (tests/fixtures/clients/README.md): the request, with only the headers a server reads."""
     record = {
-        "source": {"program": library, "version": importlib.metadata.version(library),
-                   "captured": datetime.date.today().isoformat(), "how": f"tests/tools/build_client_fixtures.py: {how}"},
-        "method": request.method, "path": url.path, "query": url.query.decode(),
-        "headers": {k: v for k, v in request.headers.items()
+        "source": {"program": program, "version": version, "captured": datetime.date.today().isoformat(),
+                   "how": how},
+        "method": method, "path": path, "query": query,
+        "headers": {k: v for k, v in headers.items()
                     if k in ("content-type", "accept", "anthropic-version", "anthropic-beta", "user-agent")},
-        "body": json.loads(request.content),
+        "body": json.loads(content),
     }
-    path = OUT / client / f"{call}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
-    print("wrote", path.relative_to(OUT.parents[1]))
+    file = OUT / client / f"{call}.json"
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    print("wrote", file.relative_to(OUT.parents[1]))
 
 
 def quietly(call: Callable[[], Any]) -> None:
