@@ -69,6 +69,16 @@ def read_log(path: Path) -> FileResult:
     return result
 
 
+def read_file_result(log: Path) -> FileResult:
+    """A file's results: its XML, or its log when its time ran out; stopped by hand (Ctrl-C) counts as cut short."""
+    xml = log.with_suffix(".xml")
+    if not xml.exists():
+        return read_log(log)
+    result = read(xml)
+    result.complete = "KeyboardInterrupt" not in log.read_text(errors="replace")
+    return result
+
+
 def report(results: list[FileResult]) -> str:
     lines = [
         "# llama.cpp's server tests against edge-llm",
@@ -101,8 +111,7 @@ def report(results: list[FileResult]) -> str:
 
 def main() -> None:
     folder, output = Path(sys.argv[1]), Path(sys.argv[2])
-    results = [read(log.with_suffix(".xml")) if log.with_suffix(".xml").exists() else read_log(log)
-               for log in sorted(folder.glob("*.log"))]
+    results = [read_file_result(log) for log in sorted(folder.glob("test_*.log")) if ".server" not in log.name]
     output.write_text(report(results))
     print(output.read_text())
 
