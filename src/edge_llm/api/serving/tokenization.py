@@ -33,7 +33,7 @@ class TokenizationServing(Serving):
         )
         if not body.with_pieces:
             return JSONResponse({"tokens": tokens, "count": len(tokens)})
-        pieces = await self.off_loop(self.engine.token_pieces, tokens)
+        pieces = await self.off_loop(context, self.engine.token_pieces, tokens)
         return JSONResponse({"tokens": [{"id": token, "piece": _piece(piece)} for token, piece in zip(tokens, pieces)],
                              "count": len(tokens)})
 
