@@ -7,8 +7,8 @@ the ones the scheduler believes (`kv_tokens`, cache entries). Like llama.cpp's u
 shares cells (the same cell objects) and a cell is free when nobody holds it, so the model counts the
 cells really in use, which must equal the scheduler's ledger and never exceed the context; with a KV stream per
 sequence (`stream_cells`, --deterministic) a copy makes new cells and no sequence outgrows its stream. The driver
-also checks the layout of every batch (`Driver.check_plan`): decode tokens first, prompt chunks never
-holding the last token of what a sequence must have before its next sample (`feed`).
+also checks the layout of every batch (`Driver.check_plan`): decode tokens first, then prompt chunks, the one that
+reaches the end of what a sequence must have before its next sample (`feed`) with logits on that last row.
 """
 
 from __future__ import annotations
@@ -192,24 +192,31 @@ class Driver:
     def check_plan(self, plan: StepPlan) -> None:
         """The layout of a batch, checked right after `Scheduler.step` (before anything finishes).
 
-        The decode part comes first: one token per sample, each with logits, at the sequence's newest
-        position, which is a generated token's or the prompt's last (position len(prompt)-1, never part
-        of a prefill chunk). Then prompt chunks without logits, all within prompt[:-1].
+        The decode part comes first: one token per sequence with logits, at its newest position, which is a
+        generated token's or the feed's last one (when the KV already held the rest of the feed), and the drafts
+        right after. Then prompt chunks, without logits except on the feed's last token when a chunk reaches it:
+        that row is the sequence's sample, taken in this step, and the sequence decodes from then on.
         """
         owners = {q.seq_id: q for q in self.s.running}
-        n_decode = len(plan.samples)
-        assert [index for _, index in plan.samples] == list(range(n_decode)), "decode tokens first, one sample each"
         n_drafted = sum(len(rows) for _, rows in plan.drafts)
+        decode_part = self._decode_part(plan)
+        decoding = [(q, index) for q, index in plan.samples if index < decode_part]
+        n_decode = len(decoding)
+        assert [index for _, index in decoding] == list(range(n_decode)), "decode tokens first, one sample each"
         assert [i for _, rows in plan.drafts for i in rows] == list(range(n_decode, n_decode + n_drafted)), \
             "drafts right after the decode tokens"
         n_prefill = len(plan.tokens) - n_decode - n_drafted
-        assert plan.logits == [True] * (n_decode + n_drafted) + [False] * n_prefill, "logits only for decode tokens"
-        assert len({q.seq_id for q, _ in plan.samples}) == n_decode
+        chunk_ends = plan.samples[n_decode:]
+        assert decode_part == n_decode + n_drafted and all(index > decode_part for _, index in chunk_ends)
+        ends = {index for _, index in chunk_ends}
+        assert plan.logits == [True] * (n_decode + n_drafted) + [
+            i in ends for i in range(n_decode + n_drafted, len(plan.tokens))], "logits only where sampled or drafted"
+        assert len({q.seq_id for q, _ in plan.samples}) == len(plan.samples), "one sample per sequence"
         drafts = {id(q): rows for q, rows in plan.drafts}
         assert len(drafts) == len(plan.drafts)
         if n_drafted:
             assert n_prefill == 0, "no drafts in a step with prompt chunks"
-        for sequence, index in plan.samples:
+        for sequence, index in decoding:
             rows = drafts.pop(id(sequence), [])
             draft = sequence.speculation.in_flight if rows else ()
             assert len(draft) == len(rows) and list(draft) == [plan.tokens[i] for i in rows]
@@ -221,11 +228,23 @@ class Driver:
             if plan.positions[index] == len(sequence.feed) - 1:
                 assert plan.tokens[index] == sequence.feed[-1]
         assert not drafts, "a draft without its sequence's decode token"
+        for sequence, index in chunk_ends:
+            assert sequence.phase is Phase.DECODE and sequence.pending_token is None
+            assert plan.seq_ids[index] == sequence.seq_id and plan.tokens[index] == sequence.feed[-1]
+            assert plan.positions[index] == len(sequence.feed) - 1 == sequence.n_past - 1
+            assert index + 1 == len(plan.tokens) or plan.seq_ids[index + 1] != sequence.seq_id, "the chunk's last row"
         for token, position, seq_id in list(zip(plan.tokens, plan.positions, plan.seq_ids))[n_decode + n_drafted:]:
             feed = owners[seq_id].feed
-            assert position < len(feed) - 1, "a prefill chunk holds the feed's last token"
+            assert position < len(feed), "a prefill chunk beyond the feed"
             assert token == feed[position]
         assert plan.prefilled_tokens == n_prefill
+
+    @staticmethod
+    def _decode_part(plan: StepPlan) -> int:
+        """The rows before the first prompt chunk: every row there is a sample or a draft (a chunk's first row
+        never is: a chunk that ends a prompt has two rows at least, the decode part taking a lone last token)."""
+        rows = {index for _, index in plan.samples} | {i for _, rows in plan.drafts for i in rows}
+        return next((i for i in range(len(plan.tokens)) if i not in rows), len(plan.tokens))
 
     def finish(self, sequence: Sequence, *, keep_in_cache: bool = True) -> None:
         self.s.remove(sequence, keep_in_cache=keep_in_cache)

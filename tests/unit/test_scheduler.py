@@ -106,9 +106,9 @@ def test_cells_are_charged_as_they_are_filled_not_for_max_tokens() -> None:
     seqs = [d.s.add(f"r{i}", [i + 1] * 10, 90) for i in range(3)]
     plan = d.step(finish_at_max=False)
     assert plan.admitted == seqs
-    assert d.s.kv_cells_used == 27  # prompt[:-1] of each
+    assert d.s.kv_cells_used == 30  # the prompts
     d.step(finish_at_max=False)
-    assert d.s.kv_cells_used == 30
+    assert d.s.kv_cells_used == 33  # and each first sampled token
     d.check_invariants()
 
 
@@ -131,33 +131,39 @@ def test_cells_in_use_never_exceed_context() -> None:
 
 def test_long_prompt_is_prefilled_in_batch_size_chunks() -> None:
     d = make(batch_size=8, parallel=2)
-    prompt = list(range(100, 120))  # 20 tokens: 19 are prefilled, the last one is decoded
+    prompt = list(range(100, 120))  # 20 tokens: chunks of 8, 8 and 4, the last token in the last chunk
     a = d.s.add("a", prompt, 3)
     plans = [d.step(finish_at_max=False) for _ in range(3)]
-    assert [len(p.tokens) for p in plans] == [8, 8, 3]
-    assert [p.prefilled_tokens for p in plans] == [8, 8, 3]
-    assert sum((p.tokens for p in plans), []) == prompt[:-1]
-    assert sum((p.positions for p in plans), []) == list(range(19))
-    # no logits and no sample anywhere in the prefill
-    assert [p.logits for p in plans] == [[False] * 8, [False] * 8, [False] * 3]
-    assert all(p.samples == [] for p in plans)
-    assert a.phase is Phase.PREFILL and a.n_past == 19
-    # the next step decodes the last prompt token on its own: the first sample point
+    assert [len(p.tokens) for p in plans] == [8, 8, 4]
+    assert [p.prefilled_tokens for p in plans] == [8, 8, 4]
+    assert sum((p.tokens for p in plans), []) == prompt
+    assert sum((p.positions for p in plans), []) == list(range(20))
+    # logits only on the prompt's last row, sampled in the step that computes it
+    assert [p.logits for p in plans] == [[False] * 8, [False] * 8, [False] * 3 + [True]]
+    assert [p.samples for p in plans] == [[], [], [(a, 3)]]
+    assert a.phase is Phase.DECODE and a.n_past == 20 and a.generated == 1
+    plan = d.step(finish_at_max=False)  # the sampled token is decoded next
+    assert (plan.tokens, plan.positions, plan.logits) == ([1000], [20], [True])
+    assert plan.prefilled_tokens == 0 and plan.samples == [(a, 0)]
+
+
+def test_a_chunk_cut_short_before_the_last_prompt_token_leaves_it_to_the_decode_part() -> None:
+    d = make(batch_size=8, parallel=2)
+    a = d.s.add("a", list(range(100, 109)), 3)  # 9 tokens: the first chunk holds 8 of them
     plan = d.step(finish_at_max=False)
-    assert (plan.tokens, plan.positions, plan.logits) == ([119], [19], [True])
-    assert plan.prefilled_tokens == 0
-    assert plan.samples == [(a, 0)]
-    assert a.phase is Phase.DECODE and a.n_past == 20
+    assert plan.tokens == list(range(100, 108)) and plan.samples == [] and not any(plan.logits)
+    assert a.phase is Phase.PREFILL and a.n_past == 8 and a.will_decode()
+    plan = d.step(finish_at_max=False)
+    assert (plan.tokens, plan.positions, plan.logits, plan.prefilled_tokens) == ([108], [8], [True], 0)
+    assert plan.samples == [(a, 0)] and a.phase is Phase.DECODE
 
 
 def test_decode_token_follows_the_prompt_at_the_next_position() -> None:
     d = make(batch_size=16)
     a = d.s.add("a", [5, 6, 7], 3)
     plan = d.step()
-    assert plan.tokens == [5, 6] and plan.samples == []  # prefill of prompt[:-1]
-    assert a.pending_token is None and a.generated == 0
-    plan = d.step()
-    assert (plan.tokens, plan.positions, plan.logits) == ([7], [2], [True])  # the last prompt token
+    assert (plan.tokens, plan.logits) == ([5, 6, 7], [False, False, True])  # the prompt, sampled at its last token
+    assert plan.samples == [(a, 2)]
     assert a.pending_token == 1000 and a.generated == 1  # sampled, decoded in the next step
     plan = d.step()
     assert plan.tokens == [1000]
@@ -175,20 +181,18 @@ def test_no_decode_token_for_a_sequence_that_has_not_been_sampled() -> None:
     s = Scheduler(n_ctx=100, batch_size=16, parallel=2, cache_slots=0)
     a = s.add("a", [1, 2, 3], 5)
     plan = s.step()
-    assert plan.tokens == [1, 2] and plan.samples == []
-    plan = s.step()
-    assert plan.tokens == [3] and plan.samples == [(a, 0)]  # the prompt's last token needs no sample
+    assert plan.tokens == [1, 2, 3] and plan.samples == [(a, 2)]  # the prompt's last token needs no sample
+    assert a.phase is Phase.DECODE and a.pending_token is None
     assert s.step().empty  # nothing sampled yet: nothing to decode
 
 
 def test_decode_tokens_come_first_and_are_never_starved_by_a_prefill() -> None:
     d = make(batch_size=8, parallel=3)
     a = d.s.add("a", [1, 2], 30)
-    d.step(finish_at_max=False)  # a prefilled
-    d.step(finish_at_max=False)  # a's last prompt token decoded and sampled
+    d.step(finish_at_max=False)  # a's prompt, sampled at its last token
     assert a.generated == 1
-    b = d.s.add("b", list(range(200, 240)), 2)  # 40-token prompt
-    c = d.s.add("c", list(range(300, 310)), 2)
+    b = d.s.add("b", list(range(200, 240)), 30)  # 40-token prompt
+    c = d.s.add("c", list(range(300, 310)), 30)
     b_chunks = []
     for step in range(10):
         plan = d.step(finish_at_max=False)
@@ -200,43 +204,61 @@ def test_decode_tokens_come_first_and_are_never_starved_by_a_prefill() -> None:
         b_chunks.append(seq_tokens(plan, b.seq_id))
         if b.phase is Phase.DECODE and c.phase is Phase.DECODE:
             break
-    # b's prompt[:-1] was prefilled in chunks of batch_size - 1 (one slot taken by a's decode token)
-    assert b_chunks[:6] == [list(range(200 + 7 * i, 207 + 7 * i)) for i in range(5)] + [list(range(235, 239))]
-    loop_plans = d.plans[2:]
+    # b's prompt was prefilled in chunks of batch_size - 1 (one slot taken by a's decode token)
+    assert b_chunks[:6] == [list(range(200 + 7 * i, 207 + 7 * i)) for i in range(5)] + [list(range(235, 240))]
+    loop_plans = d.plans[1:]
     # c waited for b's prefill (FIFO among prefills) and took the room left in the step that finished it
     assert [seq_tokens(p, c.seq_id) for p in loop_plans[:5]] == [[]] * 5
-    assert seq_tokens(loop_plans[5], c.seq_id) == [300, 301, 302]
-    # next step: b's last prompt token is decoded right after a's token, before c's next chunk
+    plan = loop_plans[5]
+    assert seq_tokens(plan, c.seq_id) == [300, 301]
+    # b's last prompt token closes its last chunk, with logits, and is sampled in that step
+    assert plan.samples == [(a, 0), (b, 5)] and (plan.tokens[5], plan.positions[5]) == (239, 39)
+    assert plan.logits == [True] + [False] * 4 + [True, False, False]
+    # next step: b's first sampled token right after a's token, before c's next chunk
     plan = loop_plans[6]
-    assert plan.seq_ids[:2] == [a.seq_id, b.seq_id]
-    assert (plan.tokens[1], plan.positions[1], plan.logits[:2]) == (239, 39, [True, True])
-    assert seq_tokens(plan, c.seq_id) == list(range(303, 309))
-    # and one step later c's last prompt token joins the decode part behind a's and b's
+    assert plan.seq_ids[:2] == [a.seq_id, b.seq_id] and plan.positions[1] == 40
+    assert seq_tokens(plan, c.seq_id) == list(range(302, 308))
+    # and one step later c's chunk ends its prompt behind a's and b's decode tokens
     plan = loop_plans[7]
-    assert plan.seq_ids == [a.seq_id, b.seq_id, c.seq_id]
-    assert (plan.tokens[2], plan.positions[2]) == (309, 9)
+    assert plan.seq_ids == [a.seq_id, b.seq_id, c.seq_id, c.seq_id]
+    assert (plan.tokens[2:], plan.positions[2:], plan.logits) == ([308, 309], [8, 9], [True, True, False, True])
+    assert plan.samples == [(a, 0), (b, 1), (c, 3)]
     assert a.generated == step + 2 == 9
 
 
-def test_several_sequences_prefill_in_one_step_then_get_one_sample_each() -> None:
+def test_several_sequences_prefill_in_one_step_and_get_one_sample_each() -> None:
     d = make(batch_size=32, parallel=3)
     seqs = [d.s.add(str(i), [10 * i + k for k in range(1, 4 + i)], 2) for i in range(3)]
     plan = d.step(finish_at_max=False)
     assert plan.admitted == seqs
-    assert plan.tokens == sum((q.prompt[:-1] for q in seqs), [])  # 2 + 3 + 4 tokens
-    assert plan.seq_ids == [seqs[0].seq_id] * 2 + [seqs[1].seq_id] * 3 + [seqs[2].seq_id] * 4
-    assert plan.samples == [] and not any(plan.logits)
-    # the next step decodes the three last prompt tokens together, one sample each
-    plan = d.step(finish_at_max=False)
-    assert plan.seq_ids == [q.seq_id for q in seqs]
-    assert plan.tokens == [q.prompt[-1] for q in seqs]
-    assert plan.positions == [2, 3, 4]
-    assert plan.samples == [(q, i) for i, q in enumerate(seqs)]
-    assert plan.logits == [True] * 3
-    # and the step after decodes the three sampled tokens together
+    assert plan.tokens == sum((q.prompt for q in seqs), [])  # 3 + 4 + 5 tokens
+    assert plan.seq_ids == [seqs[0].seq_id] * 3 + [seqs[1].seq_id] * 4 + [seqs[2].seq_id] * 5
+    # one sample each, at each prompt's last row, in the step that computes the prompts
+    assert plan.samples == [(seqs[0], 2), (seqs[1], 6), (seqs[2], 11)]
+    assert [i for i, wanted in enumerate(plan.logits) if wanted] == [2, 6, 11]
+    # the next step decodes the three sampled tokens together
     plan = d.step(finish_at_max=False)
     assert plan.seq_ids == [q.seq_id for q in seqs]
     assert plan.positions == [3, 4, 5]
+    assert plan.samples == [(q, i) for i, q in enumerate(seqs)]
+
+
+def test_steps_to_the_first_token_of_prompts_prefilled_together() -> None:
+    """Eight prompts of 330 tokens in steps of 512 (the worked example of docs/performance.md): each first token is
+    sampled in the step whose chunk ends its prompt, not a step later."""
+    d = make(n_ctx=8192, batch_size=512, parallel=8)
+    seqs = [d.s.add(str(i), [i * 1000 + k for k in range(330)], 20) for i in range(8)]
+    first_token_step: dict[str, int] = {}
+    for step in range(1, 12):
+        d.step(finish_at_max=False)
+        for q in seqs:
+            if q.generated and q.request_id not in first_token_step:
+                first_token_step[q.request_id] = step
+        if len(first_token_step) == len(seqs):
+            break
+    # 2,640 prompt tokens: steps 1-5 compute them (the decode rows of earlier prompts take room from step 2 on)
+    assert [first_token_step[q.request_id] for q in seqs] == [1, 2, 2, 3, 4, 4, 5, 6]
+    d.check_invariants()
 
 
 def entries(plan, seq_id):
@@ -245,39 +267,33 @@ def entries(plan, seq_id):
     return [(token, pos, logits) for token, pos, s, logits in rows if s == seq_id]
 
 
-def test_last_prompt_token_is_decoded_once_the_rest_of_the_prompt_is_in_the_kv_cache() -> None:
-    """The rule: a sequence holding prompt[:-1] (prefilled, copied from the cache, or nothing to hold)
-    turns to DECODE at the start of the next step, and prompt[-1] goes into the decode part at position
-    len(prompt)-1 with logits: its first sample point. So that entry is the same however prompt[:-1] got there."""
+def test_the_last_prompt_token_is_sampled_where_it_is_computed_or_alone_when_the_rest_is_in_the_kv_cache() -> None:
+    """The rule: the chunk that reaches a prompt's end carries its last token with logits, sampled in that step; a
+    sequence that holds prompt[:-1] already (copied from the cache, or nothing to hold) decodes prompt[-1] in the
+    decode part, at position len(prompt)-1 with logits, in the step that admits it."""
     d = make(batch_size=64, parallel=4, cache_slots=2)
     prompt = list(range(1, 11))
     computed = d.s.add("computed", prompt, 1)
-    d.step()
-    assert computed.phase is Phase.PREFILL and computed.n_past == 9  # prompt[:-1], no sample yet
     plan = d.step()  # its first sample, then it finishes (max_tokens=1) into the cache
-    assert plan.samples == [(computed, 0)]
-    computed_entry = entries(plan, computed.seq_id)
-    assert computed_entry == [(10, 9, True)]
+    assert plan.samples == [(computed, 9)]
+    assert entries(plan, computed.seq_id) == [(token, token - 1, token == 10) for token in prompt]
     assert d.s.cache[computed.seq_id].tokens == tuple(prompt)
 
     cached = d.s.add("cached", prompt, 2)  # prompt[:-1] comes from the cache
     single = d.s.add("single", [42], 2)  # prompt[:-1] is empty
-    fresh = d.s.add("fresh", [50, 51, 52], 2)  # prompt[:-1] must be prefilled first
+    fresh = d.s.add("fresh", [50, 51, 52], 2)  # all of it must be computed
     plan = d.step()
     assert plan.admitted == [cached, single, fresh]
     assert plan.kv_ops == [KvCopy(computed.seq_id, cached.seq_id, 9)]
-    assert cached.phase is Phase.DECODE and single.phase is Phase.DECODE and fresh.phase is Phase.PREFILL
-    # decode part first: both go straight to decode in the step that admits them; fresh only prefills
-    assert plan.samples == [(cached, 0), (single, 1)]
-    assert entries(plan, cached.seq_id) == computed_entry  # the same entry as when prompt[:-1] was computed
+    assert cached.phase is single.phase is fresh.phase is Phase.DECODE
+    # decode part first, then fresh's chunk: all three sampled in the step that admits them
+    assert plan.samples == [(cached, 0), (single, 1), (fresh, 4)]
+    assert entries(plan, cached.seq_id) == [(10, 9, True)]
     assert entries(plan, single.seq_id) == [(42, 0, True)]
-    assert entries(plan, fresh.seq_id) == [(50, 0, False), (51, 1, False)]
-    # one step later fresh decodes its last prompt token, after the two sampled tokens
-    plan = d.step()
+    assert entries(plan, fresh.seq_id) == [(50, 0, False), (51, 1, False), (52, 2, True)]
+    plan = d.step()  # the three sampled tokens, right after the prompts
     assert plan.seq_ids == [cached.seq_id, single.seq_id, fresh.seq_id]
-    assert plan.samples == [(cached, 0), (single, 1), (fresh, 2)]
-    assert entries(plan, fresh.seq_id) == [(52, 2, True)]
-    assert plan.positions[:2] == [10, 1]  # generated tokens right after the prompts
+    assert plan.positions == [10, 1, 3]
     d.run()
     assert d.output == {"computed": [1000], "cached": [1000, 1001], "single": [1000, 1001], "fresh": [1000, 1001]}
     d.check_invariants()
@@ -296,12 +312,12 @@ def test_follower_sharing_all_but_the_last_prompt_token_goes_straight_to_decode(
     assert plan.kv_ops == [KvCopy(leader.seq_id, follower.seq_id, 9)]
     assert follower.leader is None and follower.cached_tokens == 9
     assert entries(plan, follower.seq_id) == [(10, 9, True)]
-    assert plan.samples == [(follower, 0)]
-    # the leader's last prefill chunk comes after the decode part
-    assert entries(plan, leader.seq_id) == [(17, 16, False), (18, 17, False), (19, 18, False)]
+    # the leader's last prefill chunk comes after the decode part, and ends its prompt: both are sampled
+    assert entries(plan, leader.seq_id) == [(17, 16, False), (18, 17, False), (19, 18, False), (20, 19, True)]
+    assert plan.samples == [(follower, 0), (leader, 4)]
     plan = d.step(finish_at_max=False)
-    assert entries(plan, leader.seq_id) == [(20, 19, True)]
     assert entries(plan, follower.seq_id) == [(1000, 10, True)]
+    assert entries(plan, leader.seq_id) == [(1000, 20, True)]
 
 
 def test_a_batch_smaller_than_parallel_is_refused() -> None:
@@ -326,9 +342,7 @@ def test_cancel_during_prefill_frees_the_seq_id() -> None:
     b = d.s.add("b", [7, 8], 2)
     plan = d.step()
     assert plan.admitted == [b] and b.seq_id == seq_id
-    assert plan.tokens == [7] and b.phase is Phase.PREFILL
-    d.step()
-    assert b.phase is Phase.DECODE
+    assert plan.tokens == [7, 8] and b.phase is Phase.DECODE
 
 
 def test_cancel_during_decode_emits_kv_remove_in_the_next_plan() -> None:
@@ -394,13 +408,9 @@ def test_shared_prefix_is_copied_from_the_cache() -> None:
     assert plan.admitted == [b]
     assert plan.kv_ops == [KvCopy(a.seq_id, b.seq_id, 3)]
     assert b.cached_tokens == 3
-    # only the rest of the prompt is decoded, from position 3 on: prefill up to the last token...
-    assert plan.tokens == [9]
-    assert plan.positions == [3]
-    assert plan.samples == []
-    # ...which is decoded in the next step
-    plan = d.step()
-    assert (plan.tokens, plan.positions, plan.samples) == ([9], [4], [(b, 0)])
+    # only the rest of the prompt is decoded, from position 3 on, sampled at its last token
+    assert (plan.tokens, plan.positions, plan.logits) == ([9, 9], [3, 4], [False, True])
+    assert plan.samples == [(b, 1)]
     d.run()
     d.check_cache()
     d.check_invariants()
@@ -423,14 +433,12 @@ def test_at_most_all_but_the_last_prompt_token_is_reused(prompt: list[int], expe
     plan = d.step()
     assert b.cached_tokens == expected
     assert [op for op in plan.kv_ops if isinstance(op, KvCopy)][0].end == expected
-    if expected < len(prompt) - 1:  # the uncached rest of prompt[:-1] is prefilled first
-        assert plan.positions == list(range(expected, len(prompt) - 1))
-        assert plan.tokens == prompt[expected:-1]
-        assert not any(plan.logits) and plan.samples == []
-        plan = d.step()
-    # the last prompt token is decoded on its own (at once when everything before it was cached)
-    assert (plan.tokens, plan.positions, plan.logits) == ([prompt[-1]], [len(prompt) - 1], [True])
-    assert plan.samples == [(b, 0)]
+    # the uncached rest of the prompt is computed, sampled at its last token; alone when everything before it was
+    # cached
+    assert plan.positions == list(range(expected, len(prompt)))
+    assert plan.tokens == prompt[expected:]
+    assert plan.logits == [False] * (len(prompt) - 1 - expected) + [True]
+    assert plan.samples == [(b, len(prompt) - 1 - expected)]
     d.run()
     d.check_invariants()
 
@@ -508,7 +516,7 @@ def test_lru_eviction_when_kv_cells_are_needed() -> None:
     assert plan.admitted == [big]
     assert plan.kv_ops[:2] == [KvRemove(entries[0].seq_id), KvRemove(entries[1].seq_id)]
     assert list(d.s.cache) == [entries[2].seq_id]
-    assert d.s.kv_cells_used == 8 + 23
+    assert d.s.kv_cells_used == 8 + 24
     assert d.s.evictions["kv_cells"] == 2
     d.check_invariants()
 
@@ -537,11 +545,9 @@ def test_matching_entry_is_evicted_when_nothing_else_makes_room() -> None:
     assert plan.admitted == [q]
     assert plan.kv_ops == [KvRemove(match.seq_id)]
     assert q.cached_tokens == 0
-    assert plan.tokens == ([7] * 9 + [8] * 30)[:38]  # the whole prompt but its last token is computed again
-    assert plan.samples == []
+    assert plan.tokens == [7] * 9 + [8] * 30  # the whole prompt is computed again
+    assert plan.samples == [(q, 38)]
     d.check_invariants()
-    plan = d.step()
-    assert (plan.tokens, plan.positions, plan.samples) == ([8], [38], [(q, 0)])
 
 
 def test_waiting_request_does_not_evict_the_cache_while_running_sequences_block_it() -> None:
@@ -628,10 +634,8 @@ def test_stats_properties() -> None:
     d = make(n_ctx=200, parallel=2, cache_slots=2)
     a = d.s.add("a", [1, 2, 3], 10)
     d.step(finish_at_max=False)
-    assert d.s.kv_cells_used == 2
-    assert kv_tokens(d.s) == 2  # prompt[:-1]
-    d.step(finish_at_max=False)
-    assert kv_tokens(d.s) == 3  # the last prompt token
+    assert d.s.kv_cells_used == 3
+    assert kv_tokens(d.s) == 3  # the prompt
     d.step(finish_at_max=False)
     assert kv_tokens(d.s) == 4  # the first sampled token
     d.finish(a)

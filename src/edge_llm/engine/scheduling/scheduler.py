@@ -159,18 +159,16 @@ class Scheduler:
 
     def step(self) -> StepPlan:
         """Admit what fits, make room for this step's tokens, then lay out the batch: decode tokens
-        first, then prompt chunks."""
+        first, then prompt chunks (the one that ends a prompt with logits on its last row, sampled too)."""
         plan = StepPlan()
         plan.admitted = self._admission.admit()
         self.sharing.copy_ready_prefixes()
         plan.preempted = self._make_room_for_step()
         plan.kv_ops = self.kv.take_all_ops()
         for sequence in self.running:
-            # The last prompt token is decoded on its own, like a generated one, never inside a prefill
-            # chunk, whether the rest of the prompt was computed now or taken from the prefix cache. That
-            # alone does not make a temperature-0 or seeded answer repeatable: cached KV was computed in another
-            # batch layout and batch mates change this batch, so the logits differ in rounding, unless the
-            # kernels compute each row alone (--deterministic: docs/architecture.md, Repeatability).
+            # A sequence that holds all of its feed but the last token (the rest taken from the prefix cache or a
+            # leader, or computed up to there by a chunk the batch's room cut short) decodes that token in the
+            # decode part, like a generated one. A chunk that reaches the feed's end carries it instead (below).
             if sequence.will_decode() and sequence.phase is Phase.PREFILL:
                 sequence.phase = Phase.DECODE
                 sequence.pending_token = sequence.feed[-1]
@@ -195,18 +193,26 @@ class Scheduler:
             if sequence.phase is not Phase.PREFILL or sequence.leader is not None:
                 continue
             cells = self.free_cells - self._admission.pinned_growth(other_than=sequence)
-            end = min(sequence.n_past + room, sequence.n_past + max(cells, 0), len(sequence.feed) - 1)
+            end = min(sequence.n_past + room, sequence.n_past + max(cells, 0), len(sequence.feed))
             if sequence.moved is not None:
                 end = min(end, sequence.moved.start)
             chunk = sequence.feed[sequence.n_past : end]
+            # The chunk that reaches the feed's end carries its last token with logits, sampled after this
+            # step's decode as llama-server does: the first token comes a step sooner than if the last token
+            # waited for a step of its own behind the other prompts' chunks. With row-independent kernels
+            # (--deterministic) that row's logits are the same as alone (docs/architecture.md, Repeatability).
+            last = len(chunk) - 1 if end == len(sequence.feed) else -1
             for offset, token in enumerate(chunk):
-                plan.add(token, sequence.n_past + offset, sequence.seq_id, False)
+                index = plan.add(token, sequence.n_past + offset, sequence.seq_id, offset == last)
             sequence.kv_tokens.extend(chunk)
             sequence.n_past += len(chunk)
             self.kv.ledger.grow(sequence.seq_id, len(chunk))
             self.moves.reach(sequence, self.kv.after_decode)
             plan.prefilled_tokens += len(chunk)
             room -= len(chunk)
+            if last >= 0:
+                sequence.phase = Phase.DECODE
+                plan.samples.append((sequence, index))
         plan.undoable = not self.kv.after_decode
         return plan
 
@@ -221,11 +227,17 @@ class Scheduler:
             if not count:
                 continue
             sequence.n_past -= count
+            taken_back = sequence.kv_tokens[sequence.n_past:]
             del sequence.kv_tokens[sequence.n_past:]
             self.kv.ledger.shrink(sequence.seq_id, count)
             self.kv.pending.append(KvTrim(sequence.seq_id, sequence.n_past))
             if sequence.speculation is not None:
                 sequence.speculation.in_flight = ()
+            # Back to what the step found: a prompt the step ended is still to be ended, a sampled token to decode.
+            if sequence.n_past < len(sequence.feed):
+                sequence.phase, sequence.pending_token = Phase.PREFILL, None
+            else:
+                sequence.pending_token = taken_back[0]
 
     def on_sampled(self, sequence: Sequence, token: int) -> None:
         """The engine sampled `token` for `sequence`; it is decoded in the next step."""

@@ -37,7 +37,7 @@ class Sequence:
     output: list[int] = field(default_factory=list)  # the tokens sampled so far
     pending_token: int | None = None  # sampled, not yet decoded
     # What the KV must hold before the next sample: the prompt, or after a preemption the prompt and
-    # the output (the last token of `feed` is decoded on its own and gives the next sample).
+    # the output (the row of `feed`'s last token has logits and gives the next sample).
     feed: list[int] = field(default_factory=list)
     preemptions: int = 0
     generated_at_first_preemption: int = 0
@@ -78,7 +78,8 @@ class Sequence:
         return self.reserved - self.n_past
 
     def will_decode(self) -> bool:
-        """It takes a decode token (and a new cell) in the next step."""
+        """It takes a decode token (and a new cell) in the next step's decode part: a sampled token, or the feed's
+        last one when the KV holds the rest of it."""
         if self.phase is Phase.DECODE:
             return self.pending_token is not None
         return self.phase is Phase.PREFILL and self.leader is None and self.n_past == len(self.feed) - 1
