@@ -199,7 +199,7 @@ class Driver:
         """
         owners = {q.seq_id: q for q in self.s.running}
         n_drafted = sum(len(rows) for _, rows in plan.drafts)
-        decode_part = self._decode_part(plan)
+        decode_part = self.decode_part(plan)
         decoding = [(q, index) for q, index in plan.samples if index < decode_part]
         n_decode = len(decoding)
         assert [index for _, index in decoding] == list(range(n_decode)), "decode tokens first, one sample each"
@@ -240,7 +240,7 @@ class Driver:
         assert plan.prefilled_tokens == n_prefill
 
     @staticmethod
-    def _decode_part(plan: StepPlan) -> int:
+    def decode_part(plan: StepPlan) -> int:
         """The rows before the first prompt chunk: every row there is a sample or a draft (a chunk's first row
         never is: a chunk that ends a prompt has two rows at least, the decode part taking a lone last token)."""
         rows = {index for _, index in plan.samples} | {i for _, rows in plan.drafts for i in rows}

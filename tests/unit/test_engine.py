@@ -409,8 +409,8 @@ def test_a_step_whose_every_request_is_cancelled_stops_and_is_taken_back(make_en
 
     async def main():
         stale = submit(engine, request("stale", 1, prompt=[1, 2, 3, 4, 5, 6], max_tokens=6))
-        runner.allow(3)
-        runner.wait_blocked(4)  # its fourth step decodes (the prompt, then three tokens)
+        runner.allow(2)
+        runner.wait_blocked(3)  # its third step decodes (the prompt, sampled at its end, then two tokens)
         engine.abort("stale")
         runner.allow(1)  # that decode finds the flag set and stops
         nxt = submit(engine, request("next", 2, prompt=[1, 2, 3, 4, 5, 6, 7, 8]))  # after the abort in the inbox
@@ -537,12 +537,11 @@ def test_abort_during_decode_frees_the_sequence(make_engine) -> None:
 
     async def main():
         a = submit(engine, request("a", 1, max_tokens=40))
-        runner.allow(4)
-        # prefill of prompt[:-1], the last prompt token's decode (first sample) and 2 more decode steps done,
-        # the 5th decode waits
-        runner.wait_blocked(5)
-        assert [len(p.samples) for p in runner.plans] == [0, 1, 1, 1]
-        (seq_id,) = set(runner.entered[-1].seq_ids)  # the 5th decode, blocked
+        runner.allow(3)
+        # the prompt (its first sample at its last token) and 2 more decode steps done, the 4th decode waits
+        runner.wait_blocked(4)
+        assert [len(p.samples) for p in runner.plans] == [1, 1, 1]
+        (seq_id,) = set(runner.entered[-1].seq_ids)  # the 4th decode, blocked
         engine.abort("a")
         runner.allow(1)
         return seq_id, await collect(a)
@@ -550,7 +549,7 @@ def test_abort_during_decode_frees_the_sequence(make_engine) -> None:
     seq_id, events = asyncio.run(main())
     finished = last(events)
     assert finished.reason is FinishReason.CANCELLED
-    assert text_of(events) == "<10><11><12>"  # the 5th decode was stopped: nothing after the abort is sampled
+    assert text_of(events) == "<10><11><12>"  # the 4th decode was stopped: nothing after the abort is sampled
     assert finished.usage.completion_tokens == 3
     runner.wait_for_kv(lambda: KvRemove(seq_id) in runner.kv.log)
     stats = engine.stats()

@@ -328,17 +328,22 @@ def test_scheduler_completes_every_request_with_exactly_max_tokens(config, reque
         events.update(["draft accepted"] * any(q.speculation.accepted for q, _ in plan.drafts))
         events.update(["draft rejected"] * any(q.speculation.accepted < q.speculation.drafted
                                                for q, _ in plan.drafts))
-        # every sequence due to decode gets its token; the only others in the decode part are ones whose
-        # prompt[:-1] arrived at the start of this step (admitted, or a follower that copied its prefix)
-        sampled = [q for q, _ in plan.samples]
-        assert set(decoding) <= set(sampled)
-        assert set(sampled) - set(decoding) <= set(plan.admitted) | set(followers)
-        assert sampled == [q for q in running + plan.admitted if q in sampled], "decode part in running order"
-        # decode tokens (a generated token or the prompt's last) come before any prompt chunk token
-        n_decode = len(sampled) + sum(len(rows) for _, rows in plan.drafts)  # draft tokens follow decode tokens
-        is_prompt = [pos < len(owners[sid].feed) - 1 for pos, sid in zip(plan.positions, plan.seq_ids)]
-        assert is_prompt == [False] * n_decode + [True] * (len(is_prompt) - n_decode)
-        assert plan.logits == [not p for p in is_prompt]
+        # every sequence due to decode gets its token in the decode part; the only others there are ones whose
+        # prompt[:-1] arrived at the start of this step (admitted, or a follower that copied its prefix); the others
+        # sampled are those whose prompt chunk reached the end of their feed
+        decode_part = Driver.decode_part(plan)
+        decoded = [q for q, index in plan.samples if index < decode_part]
+        assert set(decoding) <= set(decoded)
+        assert set(decoded) - set(decoding) <= set(plan.admitted) | set(followers)
+        assert decoded == [q for q in running + plan.admitted if q in decoded], "decode part in running order"
+        # decode tokens (a generated token or the prompt's last) come before any prompt chunk token, with logits;
+        # a chunk has logits only on its feed's last token, and that row is the sequence's sample
+        feed_end = [len(owners[sid].feed) - 1 for sid in plan.seq_ids]
+        assert all(plan.positions[i] >= feed_end[i] and plan.logits[i] for i in range(decode_part))
+        chunk_rows = range(decode_part, len(plan.tokens))
+        assert [plan.logits[i] for i in chunk_rows] == [plan.positions[i] == feed_end[i] for i in chunk_rows]
+        assert [index for _, index in plan.samples if index >= decode_part] == [i for i in chunk_rows if plan.logits[i]]
+        events.update(["chunk ends a prompt"] * (len(decoded) < len(plan.samples)))
         events.update(["copy"] * sum(isinstance(o, KvCopy) for o in plan.kv_ops))
         events.update(["remove"] * sum(isinstance(o, KvRemove) for o in plan.kv_ops))
         events.update(["chunked"] * any(q.n_past < len(q.prompt) for q in s.running))

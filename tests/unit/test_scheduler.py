@@ -320,6 +320,25 @@ def test_follower_sharing_all_but_the_last_prompt_token_goes_straight_to_decode(
     assert entries(plan, leader.seq_id) == [(1000, 20, True)]
 
 
+def test_a_step_taken_back_leaves_its_sequences_as_it_found_them() -> None:
+    """Every request of a step was cancelled while it decoded (worker._decode): the step is taken back, so what each
+    sequence holds, and would leave in the cache, is what the KV cache holds; laid out again it is the same step."""
+    d = make(batch_size=16, parallel=2)
+    a = d.s.add("a", [1, 2, 3], 5)
+    d.step(finish_at_max=False)  # a's prompt, sampled: 1000
+    b = d.s.add("b", [7, 8, 9], 5)
+    plan = d.s.step()  # a decodes 1000; b's chunk ends its prompt
+    assert plan.samples == [(a, 0), (b, 3)] and b.phase is Phase.DECODE
+    d.s.undo_step(plan)
+    assert (a.phase, a.n_past, a.pending_token, a.kv_tokens) == (Phase.DECODE, 3, 1000, [1, 2, 3])
+    assert (b.phase, b.n_past, b.pending_token, b.kv_tokens) == (Phase.PREFILL, 0, None, [])
+    again = d.step(finish_at_max=False)
+    assert (again.tokens, again.positions, again.logits) == (plan.tokens, plan.positions, plan.logits)
+    assert again.samples == [(a, 0), (b, 3)]
+    d.check_invariants()
+    d.check_coherent()
+
+
 def test_a_batch_smaller_than_parallel_is_refused() -> None:
     # Every running sequence's decode token must fit in one batch: sequences that go straight to
     # decode (one-token prompts, prompt[:-1] reused) take no prefill room, so the rule is enforced up front.
