@@ -320,6 +320,20 @@ def test_follower_sharing_all_but_the_last_prompt_token_goes_straight_to_decode(
     assert entries(plan, leader.seq_id) == [(1000, 20, True)]
 
 
+def test_without_the_last_token_in_its_chunk_it_is_decoded_in_a_step_of_its_own() -> None:
+    """--deterministic's layout (worker.py: a KV stream per sequence): chunks stop before the prompt's last token,
+    which the next step decodes in its decode part, as when the rest of the prompt came from the cache."""
+    d = Driver(Scheduler(n_ctx=1000, batch_size=64, parallel=2, cache_slots=0, last_token_in_chunk=False))
+    a = d.s.add("a", [5, 6, 7], 3)
+    plan = d.step()
+    assert (plan.tokens, plan.logits, plan.samples) == ([5, 6], [False, False], [])
+    assert a.phase is Phase.PREFILL and a.will_decode()
+    plan = d.step()
+    assert (plan.tokens, plan.positions, plan.logits, plan.samples) == ([7], [2], [True], [(a, 0)])
+    d.run()
+    assert d.output == {"a": [1000, 1001, 1002]}
+
+
 def test_a_step_taken_back_leaves_its_sequences_as_it_found_them() -> None:
     """Every request of a step was cancelled while it decoded (worker._decode): the step is taken back, so what each
     sequence holds, and would leave in the cache, is what the KV cache holds; laid out again it is the same step."""

@@ -44,7 +44,7 @@ class Scheduler:
 
     def __init__(self, *, n_ctx: int, batch_size: int, parallel: int, cache_slots: int,
                  max_preemptions: int = MAX_PREEMPTIONS, step_cost: StepCost = CPU_STEP_COST,
-                 stream_cells: int | None = None) -> None:
+                 stream_cells: int | None = None, last_token_in_chunk: bool = True) -> None:
         if batch_size < parallel:
             # Every running sequence's decode token must fit in one batch, or some would starve.
             raise ValueError(f"batch_size ({batch_size}) must be at least parallel ({parallel})")
@@ -52,6 +52,9 @@ class Scheduler:
         self.parallel = parallel
         self.max_preemptions = max_preemptions
         self.step_cost = step_cost
+        # False (--deterministic): a prompt's last token is never in a prefill chunk but decoded in a step of its own,
+        # as a cached prompt's is; whether its row in a chunk gives the same logits there is not shown yet.
+        self.last_token_in_chunk = last_token_in_chunk
         self.speculation = SpeculationStats()
         self.running: list[Sequence] = []  # in admission order: the last is the first to be preempted
         self.preemptions = 0  # read by other threads (an int)
@@ -193,7 +196,8 @@ class Scheduler:
             if sequence.phase is not Phase.PREFILL or sequence.leader is not None:
                 continue
             cells = self.free_cells - self._admission.pinned_growth(other_than=sequence)
-            end = min(sequence.n_past + room, sequence.n_past + max(cells, 0), len(sequence.feed))
+            feed_end = len(sequence.feed) if self.last_token_in_chunk else len(sequence.feed) - 1
+            end = min(sequence.n_past + room, sequence.n_past + max(cells, 0), feed_end)
             if sequence.moved is not None:
                 end = min(end, sequence.moved.start)
             chunk = sequence.feed[sequence.n_past : end]

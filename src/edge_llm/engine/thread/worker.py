@@ -68,8 +68,9 @@ class Engine:
         self.speculative = speculative  # requests draft by prompt lookup (engine/speculative/speculation.py)
         self.kv_bytes_per_cell = kv_bytes_per_cell
         self._disk = disk_cache  # the persistent prefix cache (--prefix-cache-dir), engine/prefix_cache/disk.py
+        # A stream per sequence is --deterministic's: there the last prompt token keeps a step of its own (scheduler.py)
         self._scheduler = Scheduler(n_ctx=n_ctx, batch_size=batch_size, parallel=parallel, cache_slots=cache_slots,
-                                    stream_cells=stream_cells)
+                                    stream_cells=stream_cells, last_token_in_chunk=stream_cells is None)
         self.queue_capacity = queue_capacity
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         # Guards _waiting_ids, and makes submit's check-and-put and the close of the inbox (_closed)
