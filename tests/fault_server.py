@@ -2,6 +2,8 @@
 
 - SIGUSR1: the engine thread dies at its next decode step, as if llama.cpp had failed there (the server then fails
   what is in flight and exits 1, as for any engine death);
+- SIGUSR2: the engine thread gets stuck in its next decode step, as in a llama.cpp call that nothing can interrupt
+  (it writes `STUCK_LINE` to stderr once it is);
 - $EDGE_LLM_FAULT_SAVE_STALL=S: each prefix-cache save waits S seconds before its temporary file is synced and
   renamed, so a kill lands in the middle of a save.
 
@@ -26,6 +28,7 @@ from edge_llm.testing.server import MODEL, RunningServer, free_port, require_mod
 
 REPO = Path(__file__).resolve().parents[1]
 SAVE_STALL_ENV = "EDGE_LLM_FAULT_SAVE_STALL"
+STUCK_LINE = "fault: the engine thread is stuck in a decode"
 
 
 def fault_server_command(port: int, *flags: str, model: Path = MODEL, threads: int = 2) -> list[str]:
@@ -44,13 +47,16 @@ def run_fault_server(log_dir: Path, *flags: str, env: dict[str, str | None] | No
         yield server
 
 
-def _dying_decode(decode: Callable[..., Any], killed: threading.Event) -> Callable[..., Any]:
-    def decode_unless_killed(self: Any, plan: Any) -> Any:
+def _faulty_decode(decode: Callable[..., Any], killed: threading.Event, stuck: threading.Event) -> Callable[..., Any]:
+    def decode_unless_faulted(self: Any, plan: Any) -> Any:
         if killed.is_set():
             raise RuntimeError("the engine thread was killed by the test (SIGUSR1)")
+        if stuck.is_set():
+            print(STUCK_LINE, file=sys.stderr, flush=True)
+            threading.Event().wait()  # never set: only the process's end frees the thread
         return decode(self, plan)
 
-    return decode_unless_killed
+    return decode_unless_faulted
 
 
 def _stalling_os(seconds: float) -> types.SimpleNamespace:
@@ -70,9 +76,10 @@ def install_faults() -> None:
     from edge_llm.engine.llama.runner import LlamaRunner
     from edge_llm.engine.prefix_cache import store
 
-    killed = threading.Event()
-    LlamaRunner.decode = _dying_decode(LlamaRunner.decode, killed)  # type: ignore[method-assign]
+    killed, stuck = threading.Event(), threading.Event()
+    LlamaRunner.decode = _faulty_decode(LlamaRunner.decode, killed, stuck)  # type: ignore[method-assign]
     signal.signal(signal.SIGUSR1, lambda signum, frame: killed.set())
+    signal.signal(signal.SIGUSR2, lambda signum, frame: stuck.set())
     stall = float(os.environ.get(SAVE_STALL_ENV) or 0)
     if stall > 0:
         store.os = _stalling_os(stall)  # type: ignore[assignment]

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from edge_llm.testing.server import MODEL_ID, RunningServer, environment, free_port, run_server, serve_command
-from tests.fault_server import REPO, fault_server_command
+from tests.fault_server import REPO, STUCK_LINE, fault_server_command, run_fault_server
 from tests.helpers import chat_body, metric, parse_sse, port_of, scrape, sse_events, wait_for
 
 CHAT = "/v1/chat/completions"
@@ -532,34 +532,31 @@ def test_sigterm_lets_running_streams_finish_and_refuses_new_work(tmp_path: Path
 # of it over the vocabulary takes ~25 s here. With the step budget raised out of the way, and the tokens of "§" runs
 # pushed out of the model's likeliest ones (so that the whole vocabulary is checked), it holds the engine thread in
 # llama.cpp calls that nothing can stop.
-SLOW_GRAMMAR = "\n".join(['root ::= a10 b9 "§"', 'a0 ::= "§" | ""', 'b0 ::= "§" | ""']
-                         + [f'{r}{k} ::= {r}{k - 1} {r}{k - 1} | ""' for r in "ab" for k in range(1, 11)])
-
-
-def rare_tokens_pushed_down(server: RunningServer) -> dict[str, float]:
-    tokens: set[int] = set()
-    for length in range(1, 9):
-        tokens.update(httpx.post(server.url + "/tokenize", json={"content": "§" * length}, timeout=60).json()["tokens"])
-    return {str(token): -40.0 for token in tokens}
-
-
 def test_sigterm_ends_the_process_even_when_a_thread_is_stuck(tmp_path: Path) -> None:
-    with run_server(tmp_path, "--ctx-size", "1024", "--parallel", "1", "--cache-slots", "0",
-                    "--drain-timeout", "1", "--grammar-step-budget-ms", "3600000") as server:
-        bias = rare_tokens_pushed_down(server)
+    """A thread stuck where nothing can stop it (the fault server's engine thread blocks in a decode on SIGUSR2, as
+    in a llama.cpp call that never returns): SIGTERM still ends the process, after the drain and the cancel grace."""
+    with run_fault_server(tmp_path, "--ctx-size", "1024", "--parallel", "1", "--cache-slots", "0",
+                          "--drain-timeout", "1") as server:
+        started = threading.Event()
 
         def send() -> None:
+            body = {"prompt": LONG_TASK, "temperature": 0, "max_tokens": 3000, "stream": True}
             try:
-                httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 4, "grammar": SLOW_GRAMMAR,
-                                                                 "temperature": 0, "logit_bias": bias},
-                           timeout=120)
+                with httpx.stream("POST", server.url + CHAT, json=body, timeout=TIMEOUT) as response:
+                    for line in response.iter_lines():
+                        if line.startswith("data:"):
+                            started.set()
             except httpx.HTTPError:
                 pass  # the process ends under it
 
-        threading.Thread(target=send, daemon=True).start()
-        wait_for(lambda: metric(scrape(server), "edge_llm_http_requests_in_flight") == 1, what="the stuck request")
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        assert started.wait(TIMEOUT), "the stream did not start"
+        server.process.send_signal(signal.SIGUSR2)
+        wait_for(lambda: STUCK_LINE in server.log(), 120, "the engine thread to be stuck in a decode")
         server.process.send_signal(signal.SIGTERM)
         assert server.process.wait(120) == 1  # drain 1 s, cancel grace 5 s, then 10 s: a hard exit
+        sender.join(TIMEOUT)
     assert "a thread is stuck in work that cannot be stopped; exiting now" in server.log()
 
 

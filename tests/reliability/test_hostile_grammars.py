@@ -143,8 +143,9 @@ def test_an_ambiguous_grammar_is_refused_before_it_can_hold_a_step(grammar_serve
 
 
 def largest_grammars() -> dict[str, str]:
-    """Grammars of about the size limit (256 Ki characters) whose ambiguity check needs more steps than its bound
-    (gbnf/ambiguity.py MAX_WORK): refused as too costly to check, after at most that many steps."""
+    """Grammars of about the size limit (256 Ki characters): 21,000 loops need more steps of the ambiguity check
+    than its bound (gbnf/ambiguity.py MAX_WORK) and are refused as too costly to check, after at most that many
+    steps; 6,000 rules in turn are checked within it and answered."""
     loops = "root ::= " + " ".join(f'"{i % 10}" [ -~]*' for i in range(21_000))
     rules = [f'r{i} ::= "k{i}" ":" [a-z]{{1,8}}' for i in range(6_000)]
     fields = "root ::= r0" + "".join(f' "," r{i}' for i in range(1, 6_000)) + "\n" + "\n".join(rules)
@@ -160,7 +161,10 @@ def test_a_grammar_of_the_largest_size_is_answered_and_the_server_goes_on(gramma
     assert 200_000 < len(grammar) <= 256 * 1024
     response = httpx.post(grammar_server.url + COMPLETIONS, json={"prompt": "x", "max_tokens": 1, "grammar": grammar},
                           timeout=TIMEOUT)
-    assert "too costly to check for ambiguity" in assert_error(response, 400)["message"]
+    if case == "21 000 loops":
+        assert "too costly to check for ambiguity" in assert_error(response, 400)["message"]
+    else:
+        assert response.status_code == 200, response.text
     assert_serving(grammar_server)
 
 

@@ -30,7 +30,7 @@ from edge_llm.engine.grammar.gbnf.tokens import Prefix, TokenTexts
 logger = logging.getLogger(__name__)
 
 MAX_PATHS = 100_000  # walks of one candidate token through the grammar's stacks
-MAX_WORK = 250_000  # stack advances, matches and character choices over the whole check
+MAX_WORK = 1_000_000  # stack advances, matches and character choices over the whole check
 
 # A frame: (rule, alternative, item, repetitions done, character within the terminal; -1 while a repetition
 # decides whether to go on). A stack: a number given by `_Stacks` (0: the empty stack).
