@@ -160,7 +160,9 @@ def test_the_budget_refuses_with_a_503_naming_the_busy_model_and_recovers_when_i
             "stream": True}
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=300) as stream:
         lines = stream.iter_lines()
-        assert next(line for line in lines if line.startswith("data:"))  # generating: the model is busy
+        first = next(line for line in lines if line.startswith("data:"))
+        assert '"text"' in first, first  # a token, not an error event: generating, so the model is busy
+        wait_for(lambda: in_flight(server, MODEL_ID) == 1, 60, "the stream's lease on its model")
         refused = complete(server, GEMMA)
     assert refused.status_code == 503, refused.text
     assert refused.headers["retry-after"] == "5"
