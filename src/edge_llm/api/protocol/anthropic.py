@@ -16,7 +16,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from edge_llm.api.protocol.common import MAX_STOP_STRINGS, RequestModel, SamplingDefaults, UnreadablePart
+from edge_llm.api.protocol.common import (MAX_STOP_STRINGS, RequestModel, SamplingDefaults, UnreadablePart,
+                                          set_aside)
 from edge_llm.engine.types import SamplingParams
 
 MAX_TOOLS = 128
@@ -138,18 +139,12 @@ def set_aside_server_tools(body: dict[str, Any]) -> list[str]:
     """Takes Anthropic's server tools (a `type` other than "custom" and no input_schema: web_search_20250305,
     bash_20250124, text_editor_…, code_execution_…) out of a raw body and returns their paths, to be reported as
     ignored: they run on Anthropic's side, and this server has none of them."""
-    tools = body.get("tools")
-    if not isinstance(tools, list):
-        return []
-    ignored, kept = [], []
-    for index, tool in enumerate(tools):
-        kind = tool.get("type") if isinstance(tool, dict) else None
-        if isinstance(kind, str) and kind != "custom" and "input_schema" not in tool:
-            ignored.append(f"tools.{index}")
-        else:
-            kept.append(tool)
-    body["tools"] = kept
-    return ignored
+    return set_aside(body, "tools", _is_server_tool)
+
+
+def _is_server_tool(tool: Any) -> bool:
+    kind = tool.get("type") if isinstance(tool, dict) else None
+    return isinstance(kind, str) and kind != "custom" and "input_schema" not in tool
 
 
 class AnthropicToolChoice(RequestModel):

@@ -9,6 +9,7 @@ reported with their dotted paths and dropped (`api/params.py`); `--strict-params
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, model_validator
@@ -46,3 +47,19 @@ class SamplingDefaults(BaseModel):
     top_p: float
     top_k: int
     max_tokens: int
+
+
+def set_aside(body: dict[str, Any], key: str, unserved: Callable[[Any], bool]) -> list[str]:
+    """Takes the entries of the raw body's list `key` that `unserved` picks out of it and returns their paths
+    (`key.index`), to be reported as ignored (entries a client may well send that this server has no use for)."""
+    entries = body.get(key)
+    if not isinstance(entries, list):
+        return []
+    ignored, kept = [], []
+    for index, entry in enumerate(entries):
+        if unserved(entry):
+            ignored.append(f"{key}.{index}")
+        else:
+            kept.append(entry)
+    body[key] = kept
+    return ignored

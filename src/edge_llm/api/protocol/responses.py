@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, TypeAdapter, field_validator, model_validator
 
-from edge_llm.api.protocol.common import RequestModel, unreadable
+from edge_llm.api.protocol.common import RequestModel, set_aside, unreadable
 from edge_llm.api.protocol.openai_chat import ChatMessage, FunctionCall, ToolCall
 
 TEXT_PART_TYPES = ("input_text", "output_text", "text")
@@ -106,28 +106,17 @@ def set_aside_unread(body: dict[str, Any]) -> list[str]:
     """Takes out of a raw body what this server cannot use but a client may well send, and returns its paths (to be
     reported as ignored): input items of other tools' calls and outputs (web_search_call, local_shell_call, …: their
     tools are not served here) and tools other than functions (Codex declares `namespace` and `web_search`)."""
-    ignored: list[str] = []
-    items = body.get("input")
-    if isinstance(items, list):
-        kept = []
-        for index, item in enumerate(items):
-            kind = _item_type(item) if isinstance(item, dict) else None
-            if isinstance(kind, str) and kind not in ITEM_TYPES:
-                ignored.append(f"input.{index}")
-            else:
-                kept.append(item)
-        body["input"] = kept
-    tools = body.get("tools")
-    if isinstance(tools, list):
-        kept = []
-        for index, tool in enumerate(tools):
-            kind = tool.get("type") if isinstance(tool, dict) else None
-            if isinstance(kind, str) and kind != "function":
-                ignored.append(f"tools.{index}")
-            else:
-                kept.append(tool)
-        body["tools"] = kept
-    return ignored
+    return set_aside(body, "input", _is_unserved_item) + set_aside(body, "tools", _is_unserved_tool)
+
+
+def _is_unserved_item(item: Any) -> bool:
+    kind = _item_type(item) if isinstance(item, dict) else None
+    return isinstance(kind, str) and kind not in ITEM_TYPES
+
+
+def _is_unserved_tool(tool: Any) -> bool:
+    kind = tool.get("type") if isinstance(tool, dict) else None
+    return isinstance(kind, str) and kind != "function"
 
 
 class ResponsesTool(RequestModel):
