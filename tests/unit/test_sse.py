@@ -130,14 +130,21 @@ def test_an_idle_stream_gets_keep_alive_comments_before_its_first_event() -> Non
 
 def test_keep_alive_off_sends_only_the_events() -> None:
     async def run() -> Client:
-        client = Client()
+        on, off = Client(), Client()
 
-        async def body() -> AsyncIterator[bytes]:
-            await asyncio.sleep(0.2)  # idle for 4 intervals of the test above: the condition under test
+        async def on_body() -> AsyncIterator[bytes]:
+            await on.comment.wait()
+            yield encode_event("on")
+
+        async def off_body() -> AsyncIterator[bytes]:
+            # idle until a stream with keep-alive on, started beside it, has sent its keep-alive comment
+            await on.comment.wait()
             yield encode_event("only")
 
-        await _serve(EventStreamResponse(body(), keepalive_interval=0), client)
-        return client
+        await asyncio.gather(_serve(EventStreamResponse(on_body(), keepalive_interval=0.05), on),
+                             _serve(EventStreamResponse(off_body(), keepalive_interval=0), off))
+        assert on.body.startswith(KEEPALIVE)
+        return off
 
     assert asyncio.run(run()).body == b"data: only\n\n"
 
