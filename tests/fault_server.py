@@ -4,8 +4,8 @@
   what is in flight and exits 1, as for any engine death);
 - SIGUSR2: the engine thread gets stuck in its next decode step, as in a llama.cpp call that nothing can interrupt
   (it writes `STUCK_LINE` to stderr once it is);
-- $EDGE_LLM_FAULT_SAVE_STALL=S: each prefix-cache save waits S seconds before its temporary file is synced and
-  renamed, so a kill lands in the middle of a save.
+- $EDGE_LLM_FAULT_SAVE_STALL=1: each prefix-cache save stops before its temporary file is synced and renamed, so
+  a kill lands in the middle of a save; SIGHUP lets that save and every later one go on.
 
 Started by `fault_server_command` (`python -m tests.fault_server serve FLAGS…` from the repository's root).
 """
@@ -17,7 +17,6 @@ import signal
 import stat
 import sys
 import threading
-import time
 import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -59,13 +58,13 @@ def _faulty_decode(decode: Callable[..., Any], killed: threading.Event, stuck: t
     return decode_unless_faulted
 
 
-def _stalling_os(seconds: float) -> types.SimpleNamespace:
+def _stalling_os(released: threading.Event) -> types.SimpleNamespace:
     """The os module as the prefix store sees it, with an fsync of a regular file (the temporary file, before its
-    rename) that first waits `seconds`."""
+    rename) that first waits for `released`."""
 
     def fsync(fd: int) -> None:
         if stat.S_ISREG(os.fstat(fd).st_mode):
-            time.sleep(seconds)
+            released.wait()
         os.fsync(fd)
 
     return types.SimpleNamespace(**{**vars(os), "fsync": fsync})
@@ -80,9 +79,10 @@ def install_faults() -> None:
     LlamaRunner.decode = _faulty_decode(LlamaRunner.decode, killed, stuck)  # type: ignore[method-assign]
     signal.signal(signal.SIGUSR1, lambda signum, frame: killed.set())
     signal.signal(signal.SIGUSR2, lambda signum, frame: stuck.set())
-    stall = float(os.environ.get(SAVE_STALL_ENV) or 0)
-    if stall > 0:
-        store.os = _stalling_os(stall)  # type: ignore[assignment]
+    if os.environ.get(SAVE_STALL_ENV) == "1":
+        released = threading.Event()
+        signal.signal(signal.SIGHUP, lambda signum, frame: released.set())
+        store.os = _stalling_os(released)  # type: ignore[assignment]
 
 
 if __name__ == "__main__":

@@ -87,7 +87,7 @@ def test_the_prefix_cache_survives_a_restart_and_a_kill_during_a_save(tmp_path: 
     saved = read_header(entries(directory)[0])
 
     # Restarted, with every save stalled before its temporary file is complete: the saved prefix is loaded on first use...
-    with run_fault_server(tmp_path, *flags, env={SAVE_STALL_ENV: "600"}) as server:
+    with run_fault_server(tmp_path, *flags, env={SAVE_STALL_ENV: "1"}) as server:
         again = ask(server, RULES, "Which rule is about search?")
         assert cached(again) > 800
         assert metric(scrape(server), "edge_llm_prefix_disk_events_total", event="loaded") == 1

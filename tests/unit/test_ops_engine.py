@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -54,24 +53,46 @@ class SteppingClock:
 
 
 class SlowRunner:
-    """Every decode takes `step` seconds; every sample is token 1 ("a"); nothing ever ends by itself. Once `broken`
-    is set, its next decode fails as llama.cpp would (the engine thread dies). With a `clock`, a decode moves that
-    clock by `step` instead of taking real time."""
+    """A fake model: every sample is token 1 ("a"); nothing ever ends by itself. A decode takes no real time. With
+    `gated`, every decode first waits for a step the test allows (`allow(n)`, or `open()` for all the rest), so a
+    generation is exactly as far along as the test let it be however fast or busy the machine: what a test puts in
+    the engine's inbox (an abort, a stop) before it lets the next step go is handled at that step's end. Once
+    `broken` is set, its next decode fails as llama.cpp would (the engine thread dies). With a `clock`, a decode
+    moves that clock by `step`."""
 
-    def __init__(self, step: float = 0.01, clock: SteppingClock | None = None) -> None:
+    def __init__(self, step: float = 0.01, clock: SteppingClock | None = None, *, gated: bool = False) -> None:
         self.step = step
         self.clock = clock
         self.broken = threading.Event()
+        self.decodes = 0
+        self._steps = threading.Condition()
+        self._allowed: float = 0 if gated else float("inf")
+
+    def allow(self, steps: int = 1) -> None:
+        with self._steps:
+            self._allowed += steps
+            self._steps.notify_all()
+
+    def allow_next(self) -> None:
+        """Lets one step go unless one may already: steps at most as fast as the caller."""
+        with self._steps:
+            self._allowed = max(self._allowed, 1)
+            self._steps.notify_all()
+
+    def open(self) -> None:
+        self.allow(float("inf"))  # type: ignore[arg-type]
 
     def decode(self, plan: StepPlan) -> None:
+        with self._steps:
+            self._steps.wait_for(lambda: self._allowed > 0)
+            self._allowed -= 1
+            self.decodes += 1
         if self.broken.is_set():
             raise LlamaFailure("llama_decode failed")
         if self.clock is not None:
             self.clock.now += self.step
-        else:
-            time.sleep(self.step)  # the fake model's speed (tests cancel a generation that runs), not a wait
 
-    def arm_abort(self) -> None:  # its steps are short: a cancelled one runs to its end
+    def arm_abort(self) -> None:  # a cancelled step runs to its end
         pass
 
     def abort_step(self) -> None:
@@ -130,9 +151,9 @@ class Recorder:
 
 
 def make_engine(*, request_timeout: float | None = None, parallel: int = 2, keep_text: bool = False,
-                step: float = 0.01, cache_slots: int = 0, runner: SlowRunner | None = None) -> tuple[Engine, Recorder]:
+                cache_slots: int = 0, runner: SlowRunner | None = None) -> tuple[Engine, Recorder]:
     recorder = Recorder()
-    runner = runner or SlowRunner(step)
+    runner = runner or SlowRunner()
     engine = Engine(lambda: runner, n_ctx=4096, batch_size=64, parallel=parallel, cache_slots=cache_slots,
                     queue_capacity=8, request_timeout=request_timeout, observer=recorder, keep_text=keep_text)
     engine.start()
@@ -206,28 +227,33 @@ def test_without_a_timeout_nothing_expires() -> None:
 
 
 def test_cancellations_report_their_phase() -> None:
-    engine, recorder = make_engine(parallel=1)
+    runner = SlowRunner(gated=True)
+    engine, recorder = make_engine(parallel=1, runner=runner)
 
     async def run() -> None:
         running, waiting = ReplyChannel(), ReplyChannel()
         engine.submit(request("running"), running)
+        runner.allow(1)  # the prefill: its token
         assert isinstance(await first_event(running), TextDelta)
-        engine.submit(request("waiting"), waiting)
+        engine.submit(request("waiting"), waiting)  # "running" holds the only sequence: this one waits
         engine.abort("waiting")
+        runner.allow(1)
         assert isinstance((await collect(waiting))[-1], Finished)
         engine.abort("running")
+        runner.open()  # the abort is in the inbox before the next step ends: it ends "running" there
         assert (await collect(running))[-1].reason is FinishReason.CANCELLED
 
     try:
         asyncio.run(run())
     finally:
+        runner.open()
         engine.stop()
     phases = {args[0]: (args[1], args[3]) for args in recorder.named("finished")}
     assert phases == {"waiting": (FinishReason.CANCELLED, "queued"), "running": (FinishReason.CANCELLED, "decode")}
 
 
 def test_an_engine_death_fails_requests_and_reports_the_error() -> None:
-    runner = SlowRunner()
+    runner = SlowRunner(gated=True)
     engine, recorder = make_engine(runner=runner)
     exited: list[BaseException | None] = []
     engine.set_exit_handler(exited.append)
@@ -235,8 +261,10 @@ def test_an_engine_death_fails_requests_and_reports_the_error() -> None:
     async def run() -> list[EngineEvent]:
         channel = ReplyChannel()
         engine.submit(request("victim"), channel)
+        runner.allow(1)
         assert isinstance(await first_event(channel), TextDelta)
-        runner.broken.set()
+        runner.broken.set()  # before the next step is let go: that step fails, with "victim" still running
+        runner.open()
         return await collect(channel)
 
     events = asyncio.run(run())
@@ -248,16 +276,22 @@ def test_an_engine_death_fails_requests_and_reports_the_error() -> None:
 
 
 def test_stop_fails_what_is_left_as_shutting_down() -> None:
-    engine, recorder = make_engine()
+    runner = SlowRunner(gated=True)
+    engine, recorder = make_engine(runner=runner)
 
-    async def run() -> list[EngineEvent]:
+    async def run() -> tuple[bool, bool, list[EngineEvent]]:
         channel = ReplyChannel()
         engine.submit(request("left"), channel)
+        runner.allow(1)
         assert isinstance(await first_event(channel), TextDelta)
-        await asyncio.to_thread(engine.stop)
-        return await collect(channel)
+        # The next step is held: a stop that does not wait says the thread is still in it...
+        in_step = await asyncio.to_thread(engine.stop, 0)
+        runner.open()  # ...and ends it once that step has: "left" is failed there, not run to its end
+        stopped = await asyncio.to_thread(engine.stop, 10)
+        return in_step, stopped, await collect(channel)
 
-    events = asyncio.run(run())
+    in_step, stopped, events = asyncio.run(run())
+    assert not in_step and stopped
     assert isinstance(events[-1], Failed) and events[-1].code == "shutting_down"
     assert engine.failure is None
 
@@ -265,13 +299,17 @@ def test_stop_fails_what_is_left_as_shutting_down() -> None:
 def test_stats_is_safe_to_read_while_prefix_cache_entries_are_added_and_evicted() -> None:
     # Two cache slots and prompts that differ in their last token: every request that ends puts its sequence in
     # the prefix cache and, from the third on, evicts the oldest entry, while another thread reads stats().
-    engine, recorder = make_engine(step=0.001, cache_slots=2)
+    # Each step waits for a snapshot taken after the last one ended: reads fall in every gap between steps, while
+    # the engine thread changes the cache there.
+    runner = SlowRunner(gated=True)
+    engine, recorder = make_engine(cache_slots=2, runner=runner)
     snapshots: list[EngineStats] = []
     done = threading.Event()
 
     def read() -> None:
         while not done.is_set():
             snapshots.append(engine.stats())
+            runner.allow_next()
 
     async def run() -> None:
         for wave in range(6):
@@ -288,9 +326,10 @@ def test_stats_is_safe_to_read_while_prefix_cache_entries_are_added_and_evicted(
     finally:
         done.set()
         reader.join(5)
+        runner.open()
         engine.stop()
     assert len(recorder.named("finished")) == 36  # 36 entries into 2 cache slots: 34 evictions or more while reading
-    assert len(snapshots) > 100
+    assert len(snapshots) >= runner.decodes > 36
     assert max(stats.cached_sequences for stats in snapshots) == 2
     for stats in snapshots:
         assert stats.kv_cells_total == 4096 and 0 <= stats.cached_sequences <= 2
