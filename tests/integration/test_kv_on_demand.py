@@ -71,7 +71,9 @@ def test_an_answer_without_max_tokens_runs_until_it_ends(server: RunningServer, 
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=900)  # a long answer
     completion = client.chat.completions.create(
         model=model_id, temperature=0,
-        messages=[{"role": "user", "content": "Write a Python LRU cache class with docstrings and a usage example."}],
+        # ~230 tokens and an end of its own (a longer answer only costs time)
+        messages=[{"role": "user", "content": "Write a Python function that checks whether a string is a palindrome, "
+                                              "with a docstring."}],
     )
     choice = completion.choices[0]
     assert completion.usage.completion_tokens > 128, completion.usage
@@ -112,10 +114,11 @@ def test_preempted_answers_go_on_where_they_stopped(crowded_server: RunningServe
     for token, with the same request answered alone where answers repeat exactly (repeatable_server). Batch mates
     change llama.cpp's rounding, so two greedy answers may part at a near-tie (tests/helpers.py, ROUNDING); a
     doubled or lost token after a preemption is not a near-tie and fails."""
-    # ~60 lines of ~3 tokens: four such answers alone overflow the 512 cells, so preemption is certain
+    # ~50 prompt cells each and answers of 60 tokens (up to ~60 lines asked for): the eight overflow the 512 cells
+    # together (~880), so preemption is certain; a longer answer only makes the sequential references slower
     bodies = [{"messages": [{"role": "user", "content": f"Write the numbers from {10 * i} to {10 * i + 60}, one "
                                                         "per line, and nothing else."}],
-               "temperature": 0, "max_tokens": 200, "logprobs": True, "top_logprobs": 2} for i in range(1, 9)]
+               "temperature": 0, "max_tokens": 60, "logprobs": True, "top_logprobs": 2} for i in range(1, 9)]
     references = [stream_chat(repeatable_server.url, body) for body in bodies]
     before = scrape(crowded_server)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
