@@ -73,7 +73,17 @@ class Settings(OperationsArea, LimitsArea, SecurityArea, SamplingArea, HttpArea,
     def _no_file_for_an_empty_name(cls, value: Any) -> Any:
         return value or None  # EDGE_LLM_CONFIG= (empty) names no file
 
-    @field_validator("api_key", "allowed_hosts", "cors_origins", "pin", mode="before")
+    @field_validator("model_alias", mode="before")
+    @classmethod
+    def _alias_list(cls, value: Any) -> Any:
+        """llama-server's --alias a,b,c: the names, stripped, joined by commas (`alias_names` splits them)."""
+        if isinstance(value, (list, tuple)):
+            value = ",".join(map(str, value))
+        if isinstance(value, str):
+            return ",".join(name.strip() for name in value.split(",") if name.strip()) or None
+        return value
+
+    @field_validator("api_key", "allowed_hosts", "cors_origins", "pin", "tags", mode="before")
     @classmethod
     def _split_comma_list(cls, value: Any) -> Any:
         if value is None:
@@ -160,6 +170,11 @@ class Settings(OperationsArea, LimitsArea, SecurityArea, SamplingArea, HttpArea,
         """The most tokens (prompt and answer) one sequence holds."""
         cells = self.stream_cells
         return self.ctx_size if cells is None else cells
+
+    @property
+    def alias_names(self) -> tuple[str, ...]:
+        """--model-alias's names, in the order given."""
+        return tuple(self.model_alias.split(",")) if self.model_alias else ()
 
     @property
     def model_name(self) -> str:

@@ -41,7 +41,12 @@ class ModelArea(BaseModel):
         f"in ${MODELS_DIR_ENV}, else $XDG_DATA_HOME/edge-llm/models, else ~/.local/share/edge-llm/models.",
     )
     model_alias: str | None = Field(
-        None, description="Extra name clients may use in the `model` field (besides the file name)."
+        None, description="Extra names clients may use in the `model` field (besides the file name), comma-"
+        "separated as llama-server's --alias: the first is the model's name in /props and llama-server's routes."
+    )
+    tags: CommaList = Field(
+        [], description="Labels of --model's model, shown in /v1/models (`tags`), as llama-server's --tags "
+        "(comma list; informational, not names a request may use)."
     )
 
     # Many models (docs/models.md#many-models-in-one-server)
@@ -163,6 +168,11 @@ class SamplingArea(BaseModel):
         "vocabulary for every token (about 1.6 ms a token here, over a tenth of an 8-sequence step).",
     )
     default_max_tokens: int = Field(128, ge=1, description="max_tokens when a request gives none.")
+    seed: int = Field(
+        -1, ge=-1, le=2**32 - 1, description="Seed of sampled requests that give none, as llama-server's --seed: "
+        "then two identical requests give the same text (with --deterministic, whatever runs beside them); "
+        "-1: a random seed for each request."
+    )
 
 
 class SecurityArea(BaseModel):

@@ -102,7 +102,8 @@ def serving_for(settings: Settings, entry: ModelEntry) -> dict[type[Serving], Se
     made = entry.attachments.get("serving")
     if made is None or made[0] != entry.names:
         assert entry.client is not None
-        alias = settings.model_alias if settings.model_alias in entry.spec.aliases else None  # --model's only
+        mine = settings.alias_names and set(settings.alias_names) <= set(entry.spec.names)  # --model's only
+        alias = settings.model_alias if mine else None
         own = settings.model_copy(update={"model": entry.spec.path, "model_alias": alias})
         made = entry.attachments["serving"] = (entry.names, build_serving(own, entry.client, entry.names))
     return cast(dict[type[Serving], Serving], made[1])

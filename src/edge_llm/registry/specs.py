@@ -26,6 +26,7 @@ class ModelSpec:
     pinned: bool = False  # --pin: never unloaded for idleness nor evicted
     facts: dict[str, Any] = field(default_factory=dict, compare=False)  # for /v1/models
     ollama_name: str = ""  # its name in Ollama's API (/api/tags): `gemma3:270m`, else `<id>:latest`
+    tags: tuple[str, ...] = ()  # --tags: labels shown in /v1/models, not names
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -67,8 +68,8 @@ def model_specs(settings: Settings) -> list[ModelSpec]:
     specs = [spec_for_path(settings, path) for path in paths]
     default = default_model_name(settings, specs)
     specs.sort(key=lambda spec: spec.name != default)  # stable: the others keep their order
-    if settings.model_alias and settings.model_alias not in specs[0].names:
-        specs[0] = _replace(specs[0], aliases=specs[0].aliases + (settings.model_alias,))
+    extra = tuple(name for name in settings.alias_names if name not in specs[0].names)
+    specs[0] = _replace(specs[0], aliases=specs[0].aliases + extra, tags=tuple(settings.tags))
     taken: NameIndex[str] = NameIndex()
     for spec in specs:
         for own in spec.names:

@@ -26,6 +26,7 @@ class ModelCard(BaseModel):
     owned_by: str = "edge-llm"
     state: Literal["loaded", "loading", "unloaded", "unloading"] | None = None  # the model's engine
     aliases: list[str] = Field(default_factory=list)  # other names a request may use for it
+    tags: list[str] = Field(default_factory=list)  # --tags: labels, as llama-server's /v1/models shows them
     meta: dict[str, Any] | None = None
 
 

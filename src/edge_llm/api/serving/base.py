@@ -8,6 +8,7 @@ a request's outcome in the OpenAI shapes (usage, timings, failures) is in outcom
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -78,8 +79,8 @@ class Serving:
     @property
     def model_names(self) -> set[str]:
         names = {self.model_id, self.settings.model.name, *self.names}
-        if self.settings.model_alias and not self.names:
-            names.add(self.settings.model_alias)
+        if not self.names:
+            names.update(self.settings.alias_names)
         return names
 
     def check_model(self, name: str | None) -> None:
@@ -249,7 +250,7 @@ class Serving:
                 request_id=request_id if choices == 1 else f"{request_id}/{choice}",
                 prompt_tokens=prompts[choice // n],
                 max_tokens=budgets[choice // n],
-                sampling=sampling(choice % n),
+                sampling=self.seeded(sampling(choice % n), choice % n),
                 stop=stop,
                 logprobs=logprobs,
                 cache_prompt=cache_prompt,
@@ -265,6 +266,12 @@ class Serving:
         if context.load_wait_ms:
             channel.extra_timings["load_ms"] = context.load_wait_ms
         return Generation(requests, channel, [len(p) for p in prompts], [i // n for i in range(choices)])
+
+    def seeded(self, sampling: SamplingParams, choice: int) -> SamplingParams:
+        """A request without a seed gets --seed's (plus its choice index, so that n choices differ), if set."""
+        if sampling.seed is not None or self.settings.seed < 0:
+            return sampling
+        return replace(sampling, seed=(self.settings.seed + choice) & 0xFFFFFFFF)
 
     def abort(self, generation: Generation) -> None:
         for engine_request in generation.requests:

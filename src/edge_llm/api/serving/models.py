@@ -82,8 +82,8 @@ class ModelServing:
         meta: dict[str, Any] = {"n_ctx": self.settings.sequence_context, "path": str(spec.path)}
         meta.update({key: value for key, value in spec.facts.items() if value is not None})
         meta.update(keep_alive=self._keep_alive(entry), requests_in_flight=entry.leases)
-        if len(spec.aliases) == 1 and spec.aliases[0] == self.settings.model_alias:
-            meta["alias"] = self.settings.model_alias
+        if self.settings.alias_names and set(self.settings.alias_names) <= set(spec.names):
+            meta["alias"] = self.settings.alias_names[0]
         if entry.loaded_at is not None:
             meta.update(loaded_at=int(entry.loaded_at), load_seconds=round(entry.load_seconds or 0.0, 2))
         if entry.error is not None:
@@ -93,4 +93,4 @@ class ModelServing:
             meta.update(n_params=info.n_params, size=info.size_bytes, n_ctx_train=info.n_ctx_train,
                         n_vocab=info.n_vocab, description=info.description)
         return ModelCard(id=spec.name, created=self.created, state=entry.state.value, aliases=list(spec.aliases),
-                         meta=meta)
+                         tags=list(spec.tags), meta=meta)
