@@ -116,6 +116,12 @@ class Settings(OperationsArea, LimitsArea, SecurityArea, SamplingArea, HttpArea,
         return self
 
     @model_validator(mode="after")
+    def _one_chat_template(self) -> Settings:
+        if self.chat_template is not None and self.chat_template_file is not None:
+            raise ValueError("give --chat-template or --chat-template-file, not both")
+        return self
+
+    @model_validator(mode="after")
     def _kv_settings_llama_cpp_accepts(self) -> Settings:
         if is_quantized(self.cache_type_v) and self.flash_attn == "off":
             raise ValueError(f"--cache-type-v {self.cache_type_v} needs flash attention: drop --flash-attn off, "

@@ -49,6 +49,15 @@ class ModelArea(BaseModel):
         "(comma list; informational, not names a request may use)."
     )
 
+    chat_template: str | None = Field(
+        None, description="Chat template of --model's model instead of the GGUF's, as llama-server's "
+        "--chat-template: a built-in name (chatml, gemma, llama2, llama3, mistral-v7, phi3, zephyr) or a Jinja "
+        "template, rendered in the same sandbox; one that does not render stops start-up."
+    )
+    chat_template_file: Path | None = Field(
+        None, description="The same, read from a Jinja file (as llama-server's --chat-template-file)."
+    )
+
     # Many models (docs/models.md#many-models-in-one-server)
     models_dir: Path | None = Field(
         None, description="Serve every GGUF file in this directory, each loaded on its first request and unloaded "

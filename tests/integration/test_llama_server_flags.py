@@ -1,14 +1,19 @@
 """llama-server's server-wide flags, as its users pass them: --seed (a default seed for requests that give none),
---model-alias with several names and --tags (the model's other names and labels in /v1/models)."""
+--model-alias with several names and --tags (the model's other names and labels in /v1/models), --chat-template
+and --chat-template-file (a built-in name or a Jinja template instead of the GGUF's; a bad one stops start-up)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import subprocess
+import sys
+from pathlib import Path
+
 import httpx
 import pytest
 
-from edge_llm.testing.server import RunningServer
+from edge_llm.testing.server import MODEL, RunningServer, free_port
 from tests.server_pool import ServerWith
 
 CHAT = "/v1/chat/completions"
@@ -47,3 +52,31 @@ def test_every_alias_names_the_model_and_the_list_shows_aliases_and_tags(flagged
     assert card["id"] == model_id
     assert {"alpha", "beta", "gamma"} <= set(card["aliases"]) and card["tags"] == ["coder", "small"]
     assert card["meta"]["alias"] == "alpha"
+
+
+# The messages' contents, nothing else: the prompt is exactly their tokens.
+BARE_FILE = Path(__file__).resolve().parents[1] / "fixtures" / "templates" / "contents_only.jinja"
+
+
+def test_chat_template_file_replaces_the_models_template(server_with: ServerWith) -> None:
+    templated = server_with("--parallel", "1", "--chat-template-file", str(BARE_FILE))
+    text = "Hello there, how are you?"
+    tokens = httpx.post(templated.url + "/tokenize", json={"content": text}, timeout=60).json()["tokens"]
+    response = httpx.post(templated.url + CHAT, timeout=120,
+                          json={"messages": [{"role": "user", "content": text}], "max_tokens": 1})
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["prompt_tokens"] == len(tokens)  # the GGUF's template adds Qwen's turns
+
+
+@pytest.mark.parametrize(("value", "said"), [
+    ("{% for m in messages %}{{ m['content'] ", "--chat-template: the chat template does not compile"),
+    ("{{ raise_exception('no such role') }}",
+     "--chat-template fails on a conversation of one user message: no such role"),
+    ("llama-9", "--chat-template is neither a built-in template name (chatml, gemma, llama2, llama3"),
+])
+def test_a_bad_chat_template_stops_the_server_before_loading(value: str, said: str) -> None:
+    result = subprocess.run([sys.executable, "-m", "edge_llm", "serve", "--model", str(MODEL), "--port",
+                             str(free_port()), "--chat-template", value], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith(f"edge-llm: error: {said}"), result.stderr
+    assert "model loaded" not in result.stderr

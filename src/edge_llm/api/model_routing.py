@@ -105,6 +105,8 @@ def serving_for(settings: Settings, entry: ModelEntry) -> dict[type[Serving], Se
         mine = settings.alias_names and set(settings.alias_names) <= set(entry.spec.names)  # --model's only
         alias = settings.model_alias if mine else None
         own = settings.model_copy(update={"model": entry.spec.path, "model_alias": alias})
+        if entry.spec.path != settings.model.absolute():  # --chat-template is --model's model's
+            own = own.model_copy(update={"chat_template": None, "chat_template_file": None})
         made = entry.attachments["serving"] = (entry.names, build_serving(own, entry.client, entry.names))
     return cast(dict[type[Serving], Serving], made[1])
 

@@ -17,6 +17,8 @@ from edge_llm.engine.llama.kv_types import head_size_problem
 from edge_llm.models.gguf_info import GGUFInfoError, ModelFacts, read_model_facts
 from edge_llm.models.gguf_report import human_bytes
 from edge_llm.models.fetch import ModelFileError, check_model_file
+from edge_llm.prompting.builtin_templates import chosen_template
+from edge_llm.prompting.chat_template import TemplateError
 
 logger = logging.getLogger("edge_llm.preflight")
 
@@ -26,6 +28,9 @@ _HEADROOM = 0.9  # leave a tenth of the available memory to everything else
 def preflight(settings: Settings) -> str | None:
     """The first problem that would stop the server, as the line to show; None when all is well.
     Problems that only slow it down are logged as warnings."""
+    problem = check_chat_template(settings)
+    if problem is not None:
+        return problem
     if settings.models_dir is not None:
         return check_models_dir(settings) or check_port(settings.host, settings.port)
     problem = check_model(settings.model) or check_port(settings.host, settings.port)
@@ -45,6 +50,14 @@ def check_kv_types(settings: Settings, facts: ModelFacts) -> str | None:
     context); said here in a line, before anything is loaded."""
     return (head_size_problem(settings.cache_type_k, facts.key_length, "k")
             or head_size_problem(settings.cache_type_v, facts.value_length, "v"))
+
+
+def check_chat_template(settings: Settings) -> str | None:
+    try:
+        chosen_template(settings.chat_template, settings.chat_template_file)
+    except TemplateError as exc:
+        return str(exc)
+    return None
 
 
 def check_cache_dir(path: Path | None) -> str | None:

@@ -132,7 +132,7 @@ class ChatTemplate:
         try:
             self._template = environment.from_string(self.source)
         except jinja2.TemplateError as exc:
-            raise TemplateError(f"the model's chat template does not compile: {exc}") from exc
+            raise TemplateError(f"the chat template does not compile: {exc}") from exc
 
     def render(
         self,

@@ -23,6 +23,7 @@ from edge_llm.api.serving.responses import ResponsesServing
 from edge_llm.api.serving.tokenization import TokenizationServing
 from edge_llm.config import Settings
 from edge_llm.engine.facade import EngineClient
+from edge_llm.prompting.builtin_templates import chosen_template
 
 # The families served by one model's engine; ModelServing (/v1/models, load, unload) serves the registry.
 FAMILIES: tuple[type[Serving], ...] = (ChatServing, MessagesServing, CompletionServing, InfillServing,
@@ -34,7 +35,7 @@ def build_serving(settings: Settings, engine: EngineClient,
                   names: tuple[str, ...] = ()) -> dict[type[Serving], Serving]:
     """One serving object per endpoint family for one model's engine, by class (what the routes look up), all on
     the model's one core (its prompt builder and grammar cache)."""
-    core = ModelCore(engine, settings.model_name)
+    core = ModelCore(engine, settings.model_name, chosen_template(settings.chat_template, settings.chat_template_file))
     return {family: family(settings, engine, core, names) for family in FAMILIES}
 
 

@@ -22,9 +22,11 @@ logger = logging.getLogger(__name__)
 
 
 class ModelCore:
-    def __init__(self, engine: EngineClient, model_id: str) -> None:
+    def __init__(self, engine: EngineClient, model_id: str, chat_template: str | None = None) -> None:
+        """`chat_template`: a Jinja source that replaces the GGUF's (--chat-template, checked at start-up)."""
         self.engine = engine
         self.model_id = model_id
+        self.chat_template = chat_template
         self.grammars = Grammars(engine)
         self._prompt_builder: PromptBuilder | None = None
         self._lock = threading.Lock()  # the tokenizer and the bulk thread may both ask for the builder first
@@ -42,12 +44,13 @@ class ModelCore:
             if self._prompt_builder is None:
                 info = self.engine.model_info
                 assert info is not None  # the tokenizer thread runs only while the model is loaded
-                if not info.chat_template:
+                source = self.chat_template or info.chat_template
+                if not source:
                     raise invalid_request(
                         f"The model '{self.model_id}' has no chat template (a base model): it cannot take chat "
                         "messages. Send the text to continue to /v1/completions instead", param="messages",
                         code="chat_template_missing")
-                template = ChatTemplate(info.chat_template, bos_token=info.bos_text, eos_token=info.eos_text)
+                template = ChatTemplate(source, bos_token=info.bos_text, eos_token=info.eos_text)
                 self._prompt_builder = PromptBuilder(template, self.engine, bos_token=info.bos_token,
                                                      control_tokens=info.control_tokens)
                 logger.info("compiled the chat template")
