@@ -93,7 +93,8 @@ def test_a_json_schema_format_needs_a_schema() -> None:
 
 @pytest.mark.parametrize("fields, param", [
     ({"conversation": "conv_1"}, "conversation"),
-    ({"background": True}, "background"),
+    ({"background": True, "stream": True}, "stream"),
+    ({"background": True, "store": False}, "store"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "other"}}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),
 ])

@@ -37,6 +37,7 @@ from edge_llm.api.protocol.ollama import (
     OllamaGenerateRequest,
 )
 from edge_llm.api.response_store import ResponseStore, ResponseStoreCollector
+from edge_llm.api.serving.background_responses import BackgroundRuns
 from edge_llm.api.routes import router
 from edge_llm.api.routes_ollama import ollama_router
 from edge_llm.api.security import ApiKeyAuth, HostGuard, load_api_keys, warn_if_exposed
@@ -128,6 +129,7 @@ def create_app(
     app.state.metrics = metrics
     app.state.response_store = ResponseStore(settings.responses_store_entries, settings.responses_store_bytes)
     metrics.registry.register(ResponseStoreCollector(app.state.response_store))
+    app.state.background_runs = BackgroundRuns()  # background Responses running detached
     app.state.records = records
     app.state.lifecycle = lifecycle
     app.include_router(router)

@@ -32,7 +32,7 @@ from edge_llm.api.serving import (
     ResponsesServing,
     TokenizationServing,
 )
-from edge_llm.api.serving import stored_responses
+from edge_llm.api.serving import background_responses, stored_responses
 from edge_llm.api.serving.models import ModelServing
 from edge_llm.registry.registry import ModelRegistry
 
@@ -239,6 +239,14 @@ async def get_response(response_id: str, request: Request) -> Response:
                summary="Forget a stored response")
 async def delete_response(response_id: str, request: Request) -> Response:
     return stored_responses.delete(request, response_id)
+
+
+@router.post("/responses/{response_id}/cancel", **_UNVERSIONED)
+@router.post("/v1/responses/{response_id}/cancel", responses={400: {"model": ErrorResponse},
+                                                             404: {"model": ErrorResponse}},
+             summary="Cancel a background response: its generation stops and its status becomes cancelled")
+async def cancel_response(response_id: str, request: Request) -> Response:
+    return background_responses.cancel(request, response_id)
 
 
 @router.get("/responses/{response_id}/input_items", **_UNVERSIONED)

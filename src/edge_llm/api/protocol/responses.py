@@ -194,10 +194,10 @@ class ResponsesRequest(RequestModel):
     parallel_tool_calls: bool | None = None
     previous_response_id: str | None = Field(None, min_length=1)
     store: bool | None = None  # None: kept, as OpenAI's default
-    # Refused in serving with a message that says why (no Conversations API, no stored prompts, no background).
+    # Refused in serving with a message that says why (no Conversations API, no stored prompts).
     conversation: str | dict[str, Any] | None = None
     prompt: dict[str, Any] | None = None
-    background: bool | None = None
+    background: bool | None = None  # run detached (serving/background_responses.py)
     # Accepted and ignored: they do not change the output (there is no reasoning).
     metadata: dict[str, str] | None = None
     user: str | None = None

@@ -11,7 +11,7 @@ from typing import Any, Literal, NotRequired, TypedDict
 
 from edge_llm.engine.types import Usage
 
-Status = Literal["in_progress", "completed", "incomplete", "failed"]
+Status = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
 
 

@@ -21,6 +21,7 @@ from edge_llm.api.params import report_ignored
 from edge_llm.api.protocol.responses import FunctionToolChoice, ResponsesRequest, set_aside_unread
 from edge_llm.api.request_context import request_context
 from edge_llm.api.serving.outcome import Generation, total_usage
+from edge_llm.api.serving.background_responses import Run, background_runs, detached_events
 from edge_llm.api.serving.base import Serving
 from edge_llm.api.serving.chat import chat_plan
 from edge_llm.api.serving.tool_calls import ToolCallTail
@@ -36,7 +37,8 @@ _INCOMPLETE = {FinishReason.LENGTH: "max_output_tokens", FinishReason.TIMEOUT: "
 
 
 def refuse_unsupported(body: ResponsesRequest) -> None:
-    """What a server without conversations, stored prompts or background runs cannot do, refused with the reason."""
+    """What a server without conversations or stored prompts cannot do, refused with the reason; a background
+    response is stored and not streamed."""
     if body.conversation is not None:
         raise invalid_request("'conversation' is not supported: this server has no Conversations API; chain turns "
                               "with 'previous_response_id' or send the whole conversation in 'input'",
@@ -44,9 +46,11 @@ def refuse_unsupported(body: ResponsesRequest) -> None:
     if body.prompt is not None:
         raise invalid_request("'prompt' (a stored prompt template) is not supported: this server stores no prompts; "
                               "send 'instructions' and 'input'", param="prompt", code="unsupported_parameter")
-    if body.background:
-        raise invalid_request("'background' responses are not supported: a response runs while its request waits",
-                              param="background", code="unsupported_parameter")
+    if body.background and body.stream:
+        raise invalid_request("A background response cannot be streamed here: create it without 'stream' and "
+                              "follow it with GET /v1/responses/{id}", param="stream", code="unsupported_parameter")
+    if body.background and body.store is False:
+        raise invalid_request("A background response must be stored: drop 'store': false", param="store")
     names = [tool.name for tool in body.tools or []]
     if not all(names):
         raise invalid_request("A function tool needs a 'name'", param="tools", code="missing_required_parameter")
@@ -70,6 +74,9 @@ class ResponsesServing(Serving):
         refuse_unsupported(body)
         previous = previous_context(request, body)
         keeper = Keeper(request, [*previous, *stored_items(body)])
+        if body.background and not keeper.store.enabled:
+            raise invalid_request("Background responses need the response store: this server keeps none "
+                                  "(--responses-store-entries 0)", param="background", code="unsupported_parameter")
         body = body.continued(previous) if previous else body
         chat = self.parse(context, ChatCompletionRequest, body.to_chat())
         plan = await self.off_loop(context, chat_plan, self.grammars, chat)
@@ -86,10 +93,12 @@ class ResponsesServing(Serving):
                 error.param = "input"
             raise
         stored = body.store is not False and keeper.store.enabled
-        builder = ResponseBuilder(self.model_id, body.echo(stored=stored))
+        builder = ResponseBuilder(self.model_id, {**body.echo(stored=stored), "background": bool(body.background)})
+        tail = ToolCallTail(plan.tools)  # with the names: bare JSON calls count too
+        if body.background:
+            return await self._detached(request, generation, builder, tail, keeper)
         if stored:
             keeper.start(builder.response("in_progress"))
-        tail = ToolCallTail(plan.tools)  # with the names: bare JSON calls count too
         if body.stream:
             beats = PrefillBeats(lambda: encode(builder.still_in_progress()))
             return self.stream(generation, self._events(generation, builder, tail, keeper if stored else None, beats),
@@ -108,6 +117,21 @@ class ResponsesServing(Serving):
         if stored:
             keeper.end(final)
         return JSONResponse(final, headers=self.headers(generation))
+
+    async def _detached(self, request: Request, generation: Generation, builder: ResponseBuilder,
+                        tail: ToolCallTail, keeper: Keeper) -> Response:
+        """A background response: stored `queued` and answered at once; the run goes on without the request."""
+        queued = builder.response("queued")
+        keeper.start(queued)
+        try:
+            lease = await request.app.state.registry.acquire(self.model_id)
+        except BaseException:
+            self.abort(generation)
+            keeper.end(builder.response("failed", error={"code": "server_error", "message": "the model went away"}))
+            raise
+        run = Run(generation, builder, keeper, self.abort, lease)
+        background_runs(request).start(run, detached_events(tail, finish_events, answer_events))
+        return JSONResponse(queued, headers=self.headers(generation))
 
     async def _events(self, generation: Generation, builder: ResponseBuilder, tail: ToolCallTail,
                       keeper: Keeper | None, beats: PrefillBeats) -> AsyncIterator[bytes]:
