@@ -70,14 +70,30 @@ if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
 
-# Reinstall only when pyproject.toml changed (llama-cpp-python builds from source once, ~8-15 min;
-# pip caches the wheel after that).
-stamp=".venv/.edge-llm-installed-$(sha256sum pyproject.toml | cut -c1-16)"
+# llama.cpp is built for this CPU (-march=native) but without its AMX kernels: on CPUs that report AMX they are
+# compiled in, and on some hosts (a Firecracker VM here) their first `ldtilecfg` takes a general protection fault
+# that kills the process at the first matrix multiplication (llama-server built natively from the same source
+# crashes alike). The wheel is kept in a cache of its own, keyed by the pin and these flags, because pip's wheel
+# cache does not know build flags.
+llama_flags="-U__AMX_TILE__ -U__AMX_INT8__ -U__AMX_BF16__"
+llama_pin=$(grep -o '"llama-cpp-python==[^"]*"' pyproject.toml | tr -d '"')
+llama_key=$(printf '%s %s' "$llama_pin" "$llama_flags" | sha256sum | cut -c1-16)
+wheels="${XDG_CACHE_HOME:-$HOME/.cache}/edge-llm/wheels/$llama_key"
+
+# Reinstall only when pyproject.toml or the llama.cpp build changed (llama-cpp-python builds from source once,
+# 4-15 min on 2 cores; the wheel is reused after that).
+stamp=".venv/.edge-llm-installed-$(sha256sum pyproject.toml | cut -c1-16)-$llama_key"
 if [ ! -f "$stamp" ]; then
   echo "installing dependencies (the first llama-cpp-python build takes several minutes)" >&2
   .venv/bin/python -m pip install --disable-pip-version-check -q --upgrade "pip==25.3"
-  CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
-    .venv/bin/python -m pip install --disable-pip-version-check -q -e ".[test,docs]"
+  if ! compgen -G "$wheels/llama_cpp_python-*.whl" >/dev/null; then
+    CFLAGS="$llama_flags" CXXFLAGS="$llama_flags" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
+      .venv/bin/python -m pip wheel --disable-pip-version-check -q --no-deps --no-cache-dir \
+      --no-binary llama-cpp-python "$llama_pin" -w "$wheels"
+  fi
+  .venv/bin/python -m pip install --disable-pip-version-check -q --no-deps --force-reinstall \
+    "$wheels"/llama_cpp_python-*.whl
+  .venv/bin/python -m pip install --disable-pip-version-check -q -e ".[test,docs]"
   rm -f .venv/.edge-llm-installed-*
   touch "$stamp"
 fi
