@@ -231,6 +231,64 @@ def test_completion_takes_token_ids_and_mixed_prompts(server: RunningServer) -> 
     assert outside.status_code == 400 and outside.json()["error"]["param"] == "prompt.0"
 
 
+def test_completion_answers_a_list_of_prompts_one_result_each(server: RunningServer) -> None:
+    # llama.cpp's tools/server/tests/unit/test_completion.py test_completion_with_tokens_input, in our words.
+    text = "I believe the meaning of life is"
+    ids = httpx.post(server.url + "/tokenize", json={"content": text}, timeout=30).json()["tokens"]
+    body = {"prompt": [ids, text, {"prompt_string": text}], "n_predict": 4, "temperature": 0}
+    answers = httpx.post(server.url + "/completion", json=body, timeout=180).json()
+    assert isinstance(answers, list) and [answer["index"] for answer in answers] == [0, 1, 2], answers
+    assert len({answer["content"] for answer in answers}) == 1 and answers[0]["content"]
+    assert {answer["prompt"] for answer in answers} == {text}
+    assert all(answer["tokens_evaluated"] == len(ids) and answer["stop"] for answer in answers)
+    # One prompt given as a one-element list, or as an object, is answered as one object, as llama-server does.
+    single = httpx.post(server.url + "/completion", timeout=120,
+                        json={"prompt": {"prompt_string": text}, "n_predict": 4, "temperature": 0}).json()
+    assert single["content"] == answers[0]["content"] and single["index"] == 0
+    with httpx.stream("POST", server.url + "/completion", timeout=180,
+                      json={**body, "prompt": ["Count: 1, 2, 3,", text], "stream": True}) as response:
+        assert response.status_code == 200
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+    for index in (0, 1):
+        own = [event for event in events if event["index"] == index]
+        assert own[-1]["stop"] is True and all(event["stop"] is False for event in own[:-1])
+        assert 0 < len(own) - 1 <= own[-1]["tokens_predicted"] <= 4
+    streamed_text = "".join(event["content"] for event in events if event["index"] == 1)
+    assert streamed_text == answers[0]["content"]
+
+
+def test_completion_refuses_prompts_it_cannot_read(server: RunningServer) -> None:
+    def refusal(prompt: object) -> dict[str, str]:
+        response = httpx.post(server.url + "/completion", json={"prompt": prompt, "n_predict": 2}, timeout=60)
+        assert response.status_code == 400, response.text
+        return response.json()["error"]  # type: ignore[no-any-return]
+
+    image = refusal({"prompt_string": "Describe <__media__>", "multimodal_data": ["iVBORw0KGgo="]})
+    assert "multimodal_data" in image["message"] and "text only" in image["message"]
+    assert "at most 16 prompts" in refusal(["Hi"] * 17)["message"]
+    assert "must not be empty" in refusal([])["message"]
+    assert "prompt_string" in refusal(["Hi", {"text": "Hi"}])["message"]
+    assert refusal([["Hi"], [10**9]])["param"] == "prompt.1.0"
+
+
+def test_apply_template_gives_the_chat_prompt_as_text(server: RunningServer) -> None:
+    messages = [{"role": "system", "content": "You are a test."}, {"role": "user", "content": "Hi there"}]
+    response = httpx.post(server.url + "/apply-template", json={"messages": messages}, timeout=60)
+    assert response.status_code == 200, response.text
+    assert response.json() == {"prompt": "<|im_start|>system\nYou are a test.<|im_end|>\n"
+                                         "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n"}
+    with_tools = httpx.post(server.url + "/apply-template", timeout=60,
+                            json={"messages": messages[1:], "tools": [WEATHER]}).json()["prompt"]
+    assert "get_weather" in with_tools and with_tools.endswith("<|im_start|>assistant\n")
+    # The text is the prompt the chat route computes: its token count is the chat answer's prompt_tokens.
+    tokens = httpx.post(server.url + "/tokenize", json={"content": with_tools}, timeout=30).json()["count"]
+    chat = httpx.post(server.url + CHAT, timeout=120, json={"messages": messages[1:], "tools": [WEATHER],
+                                                            "max_tokens": 1}).json()
+    assert chat["usage"]["prompt_tokens"] == tokens
+    refused = httpx.post(server.url + "/apply-template", json={"messages": []}, timeout=60)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages"
+
+
 def test_completion_follows_a_grammar(server: RunningServer) -> None:
     answer = httpx.post(server.url + "/completion", timeout=120, json={
         "prompt": "Is the sky blue? Answer:", "n_predict": 4, "grammar": 'root ::= " yes" | " no"'}).json()

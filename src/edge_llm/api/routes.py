@@ -104,9 +104,19 @@ async def native_completion(request: Request) -> Response:
     return await with_model(request, NativeServing, lambda serving: serving.completion(request))
 
 
+@router.post(
+    "/apply-template",
+    responses=_ERRORS,
+    openapi_extra=_json_body("ChatCompletionRequest"),
+    summary="llama-server's /apply-template: the chat template applied to `messages`, as the prompt's text",
+)
+async def apply_template(request: Request) -> Response:
+    return await with_model(request, NativeServing, lambda serving: serving.apply_template(request))
+
+
 @router.get("/props", summary="llama-server's /props: the model, its context, template and default settings")
 async def props(request: Request) -> Response:
-    return await with_model(request, NativeServing, lambda serving: _answer(serving.props()))
+    return await with_model(request, NativeServing, lambda serving: _answer(dict(serving.props())))
 
 
 @router.get("/slots", include_in_schema=False)  # not offered: always 501, as llama-server answers without --slots

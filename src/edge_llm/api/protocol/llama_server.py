@@ -12,10 +12,13 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
-from edge_llm.api.protocol.common import MAX_STOP_STRINGS, RequestModel, SamplingDefaults
+from edge_llm.api.protocol.common import MAX_STOP_STRINGS, RequestModel, SamplingDefaults, unreadable
 from edge_llm.engine.types import SamplingParams
 
 MAX_EXTRA_FILES = 64
+MAX_PROMPTS = 16  # prompts in one /completion request: each is a sequence in the batch, answered on its own
+
+Prompt = list[int | str]  # one prompt: pieces of text and token ids, in order (llama-server's tokenize_mixed)
 
 
 def native_sampling(defaults: SamplingDefaults, fields: Any, grammar: str | None) -> SamplingParams:
@@ -115,15 +118,56 @@ class InfillRequest(NativeGeneration):
 
 
 class NativeCompletionRequest(NativeGeneration):
-    """llama-server's POST /completion: a raw prompt (text, token ids, or both mixed), no chat template."""
+    """llama-server's POST /completion: raw prompts, no chat template. `prompt` takes the shapes of llama-server's
+    tokenize_input_prompts: a string, token ids, text and ids mixed, `{"prompt_string": …}`, or a list of these
+    (several prompts, one answer each); it is read into `prompts`."""
 
-    prompt: str | list[int | str] = Field(min_length=1)
+    prompt: Any = Field(description="text, token ids, both mixed, {prompt_string}, or a list of these prompts")
     grammar: str | None = Field(None, min_length=1)
     json_schema: dict[str, Any] | None = None
 
     @field_validator("prompt")
     @classmethod
-    def _not_empty(cls, value: str | list[int | str]) -> str | list[int | str]:
-        if isinstance(value, str) and not value:
-            raise ValueError("the prompt must not be empty")
-        return value
+    def _prompts(cls, value: Any) -> list[Prompt]:
+        return split_prompts(value)
+
+    @property
+    def prompts(self) -> list[Prompt]:
+        return self.prompt  # type: ignore[no-any-return]  # split_prompts made it a list of prompts
+
+
+_SHAPES = ("a string, a list of token ids and strings, an object with 'prompt_string', or a list of these "
+           f"(at most {MAX_PROMPTS} prompts)")
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def split_prompts(value: Any) -> list[Prompt]:
+    """llama-server's reading: a list that holds a token id anywhere at its top is ONE prompt (ids and text
+    mixed); any other list is several prompts."""
+    single = isinstance(value, (str, dict)) or (isinstance(value, list) and any(_is_id(item) for item in value))
+    if not single and not isinstance(value, list):
+        raise ValueError(f"must be {_SHAPES}")
+    items = [value] if single else value
+    if not items:
+        raise ValueError("must not be empty")
+    if len(items) > MAX_PROMPTS:
+        raise ValueError(f"at most {MAX_PROMPTS} prompts per request (got {len(items)})")
+    return [_one_prompt(item, "" if single else f"prompt {index}: ") for index, item in enumerate(items)]
+
+
+def _one_prompt(item: Any, where: str) -> Prompt:
+    if isinstance(item, dict):
+        if item.get("multimodal_data") is not None:
+            raise unreadable(f"{where}multimodal_data")
+        if "prompt_string" not in item:
+            raise ValueError(f"{where}an object prompt needs 'prompt_string' (text, or token ids and text)")
+        item = item["prompt_string"]
+    pieces = [item] if isinstance(item, str) else item
+    if not isinstance(pieces, list) or not all(_is_id(piece) or isinstance(piece, str) for piece in pieces):
+        raise ValueError(f"{where}each prompt must be {_SHAPES.split(', or a list')[0]}")
+    if not any(_is_id(piece) or piece for piece in pieces):
+        raise ValueError(f"{where}the prompt must not be empty")
+    return pieces

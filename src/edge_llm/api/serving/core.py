@@ -39,6 +39,11 @@ class ModelCore:
         return self._builder().build(messages, tools=tools, continue_final=continue_final,
                                      before_tokenizing=before_tokenizing)
 
+    def chat_text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        """The text `chat_prompt` tokenizes, generation prompt added (llama-server's /apply-template)."""
+        segments = self._builder().template.render(messages, tools=tools, add_generation_prompt=True)
+        return "".join(segment.text for segment in segments)
+
     def _builder(self) -> PromptBuilder:
         with self._lock:
             if self._prompt_builder is None:

@@ -9,7 +9,6 @@ events of the same shape without a `[DONE]`, as llama-server does. The editor ru
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -19,6 +18,13 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from edge_llm.api.protocol.llama_server import InfillRequest, NativeGeneration
+from edge_llm.api.protocol.llama_server_answers import (
+    CompletionChunk,
+    completion_chunk,
+    completion_final,
+    timings,
+    token_probabilities,
+)
 from edge_llm.api.request_context import request_context
 from edge_llm.api.serving.base import Serving
 from edge_llm.api.serving.outcome import Generation, error_body, failure_error
@@ -59,132 +65,120 @@ class InfillServing(Serving):
                                 cache_prompt=body.cache_prompt, fill_in_the_middle=True,
                                 speculative=body.speculative)
         text = await self.off_loop(context, self.engine.detokenize, prompt)
-        return await self.answer(request, generation, body, text)
+        return await self.answer(request, generation, body, [text])
 
     async def answer(self, request: Request, generation: Generation, body: NativeGeneration,
-                     prompt: str) -> Response:
-        """llama-server's answer to its own routes: streamed `data:` events or one object, the editor rules
-        (`n_indent`, `t_max_predict_ms`) applied; `prompt` is the prompt's text, echoed in the final object."""
+                     prompts: list[str]) -> Response:
+        """llama-server's answer to its own routes: streamed `data:` events (each with its prompt's `index`) or one
+        object (a list of them for several prompts, as llama-server), the editor rules (`n_indent`,
+        `t_max_predict_ms`) applied to each; `prompts` are the prompts' texts, echoed in the final objects."""
         headers = self.headers(generation)
-        cut = EditorCut(body.n_indent, body.t_max_predict_ms, body.input_suffix)
+        cuts = [EditorCut(body.n_indent, body.t_max_predict_ms, body.input_suffix) for _ in generation.requests]
         if body.stream:
-            response = self.stream(generation, self._events(generation, body, cut, prompt), headers=headers)
+            response = self.stream(generation, self._events(generation, body, cuts, prompts), headers=headers)
             if body.return_progress:
                 started = time.monotonic()
-                generation.channel.on_progress = lambda _, step: response.send_aside(
-                    encode_json_event(_progress_chunk(generation, step, started)))
+                generation.channel.on_progress = lambda index, step: response.send_aside(
+                    encode_json_event(_progress_chunk(generation, index, step, started)))
             return response
-        progress = await self.while_connected(request, generation, self._drain(generation, body, cut))
-        return JSONResponse(self._final(generation, body, progress, prompt), headers=headers)
+        progress = await self.while_connected(request, generation, self._drain(generation, body, cuts))
+        finals = [self._final(generation, body, index, done, prompts) for index, done in enumerate(progress)]
+        return JSONResponse(finals[0] if len(finals) == 1 else finals, headers=headers)
 
     # ---- the answer as it streams ---------------------------------------------------------------
 
-    async def _pieces(self, generation: Generation, body: NativeGeneration, cut: EditorCut,
-                      progress: _Progress) -> AsyncIterator[tuple[str, list[TokenLogprob]]]:
-        """The content as it may be sent, after the editor rules, with the tokens behind it (those of text the
-        rules hold back go with the text when it is sent); `progress` has how it ended."""
-        started = 0.0  # the first token's arrival: t_max_predict_ms counts generation time, as llama-server does
-        held: list[TokenLogprob] = []
-        async for _, event in generation.channel.choice_events():
+    async def _pieces(self, generation: Generation, body: NativeGeneration, cuts: list[EditorCut],
+                      progress: list[_Progress]) -> AsyncIterator[tuple[int, str | None, list[TokenLogprob]]]:
+        """(choice, content as it may be sent after the editor rules, the tokens behind it) — those of text the
+        rules hold back go with the text when it is sent; (choice, None, []) when that choice has ended (its
+        `progress` says how)."""
+        started = [0.0] * len(cuts)  # each first token's arrival: t_max_predict_ms counts generation time
+        held: list[list[TokenLogprob]] = [[] for _ in cuts]
+        async for index, event in generation.channel.choice_events():
+            done, cut = progress[index], cuts[index]
             if isinstance(event, TextDelta):
-                if body.warm_only or progress.cut:
+                if body.warm_only or done.cut:
                     continue  # after a cut: the engine's Finished (with usage and timings) is on its way
-                progress.tokens = event.token_count
-                held.extend(event.logprobs)
-                started = started or time.monotonic()
-                text = cut.feed(event.text, (time.monotonic() - started) * 1000)
+                done.tokens = event.token_count
+                held[index].extend(event.logprobs)
+                started[index] = started[index] or time.monotonic()
+                text = cut.feed(event.text, (time.monotonic() - started[index]) * 1000)
                 if text:
-                    progress.content.append(text)
-                    progress.sent.extend(held)
-                    yield text, held
-                    held = []
+                    done.content.append(text)
+                    done.sent.extend(held[index])
+                    yield index, text, held[index]
+                    held[index] = []
                 if cut.cut:
-                    progress.cut = True
-                    self.abort(generation)
+                    done.cut = True
+                    self.engine.abort(generation.requests[index].request_id)
             elif isinstance(event, Finished):
-                progress.finished = event
-                tail = "" if body.warm_only or progress.cut else cut.finish()
+                done.finished = event
+                tail = "" if body.warm_only or done.cut else cut.finish()
                 if tail:
-                    progress.content.append(tail)
-                    progress.sent.extend(held)
-                    yield tail, held
-                return
+                    done.content.append(tail)
+                    done.sent.extend(held[index])
+                    yield index, tail, held[index]
+                yield index, None, []
             elif isinstance(event, Failed):
                 raise _Failure(event)
 
-    async def _drain(self, generation: Generation, body: NativeGeneration, cut: EditorCut) -> _Progress:
-        progress = _Progress()
+    async def _drain(self, generation: Generation, body: NativeGeneration, cuts: list[EditorCut]
+                     ) -> list[_Progress]:
+        progress = [_Progress() for _ in cuts]
         try:
-            async for _ in self._pieces(generation, body, cut, progress):
+            async for _ in self._pieces(generation, body, cuts, progress):
                 pass
         except _Failure as failure:
             self.abort(generation)
             raise failure_error(failure.failed) from None
         return progress
 
-    async def _events(self, generation: Generation, body: NativeGeneration, cut: EditorCut,
-                      prompt: str) -> AsyncIterator[bytes]:
-        progress = _Progress()
-        prompt_tokens = generation.prompt_lengths[0]
+    async def _events(self, generation: Generation, body: NativeGeneration, cuts: list[EditorCut],
+                      prompts: list[str]) -> AsyncIterator[bytes]:
+        progress = [_Progress() for _ in cuts]
         try:
-            async for text, tokens in self._pieces(generation, body, cut, progress):
-                chunk = {"index": 0, "content": text, "tokens": [token.token for token in tokens] if body.return_tokens
-                         else [], "stop": False, "id_slot": -1, "tokens_predicted": progress.tokens,
-                         "tokens_evaluated": prompt_tokens}
-                if body.n_probs:
-                    chunk["completion_probabilities"] = token_probabilities(tokens, body.post_sampling_probs)
-                yield encode_json_event(chunk)
+            async for index, text, tokens in self._pieces(generation, body, cuts, progress):
+                if text is None:
+                    yield encode_json_event(self._final(generation, body, index, progress[index], prompts,
+                                                        streamed=True))
+                    continue
+                yield encode_json_event(completion_chunk(
+                    index, text, [token.token for token in tokens] if body.return_tokens else [],
+                    predicted=progress[index].tokens, evaluated=_prompt_length(generation, index),
+                    probabilities=token_probabilities(tokens, body.post_sampling_probs) if body.n_probs else None))
         except _Failure as failure:
             yield encode_json_event(error_body(failure.failed))
-            return
-        yield encode_json_event(self._final(generation, body, progress, prompt, streamed=True))
 
-    def _final(self, generation: Generation, body: NativeGeneration, progress: _Progress, prompt: str, *,
-               streamed: bool = False) -> dict[str, Any]:
+    def _final(self, generation: Generation, body: NativeGeneration, index: int, progress: _Progress,
+               prompts: list[str], *, streamed: bool = False) -> dict[str, Any]:
         finished = progress.finished
-        prompt_tokens = generation.prompt_lengths[0]
+        prompt_tokens = _prompt_length(generation, index)
         cached = finished.usage.cached_tokens if finished is not None else 0
         predicted = 0 if body.warm_only else progress.tokens
-        timings = finished.timings if finished is not None else {}
-        prompt_ms = float(timings.get("prefill_ms", 0.0))
-        predicted_ms = float(timings.get("decode_ms", 0.0))
-        result = {
-            "index": 0,
-            "content": "" if streamed else "".join(progress.content),
-            "tokens": [token.token for token in progress.sent] if body.return_tokens and not streamed else [],
-            "id_slot": -1,
-            "stop": True,
-            "model": self.settings.model_alias or self.model_id,  # llama-server's --alias names the model
-            "tokens_predicted": predicted,
-            "tokens_evaluated": prompt_tokens,
-            "has_new_line": "\n" in "".join(progress.content),
-            "truncated": False,
-            "stop_type": _stop_type(finished, progress.cut),
-            "stopping_word": finished.stop_sequence or "" if finished is not None and not progress.cut else "",
-            "generation_settings": generation_settings(body, self.defaults, self.context_limit),
-            "prompt": prompt,
-            "tokens_cached": cached,
-            "timings": {
-                "cache_n": cached,
-                "prompt_n": prompt_tokens - cached,
-                "prompt_ms": prompt_ms,
-                "prompt_per_token_ms": prompt_ms / max(prompt_tokens - cached, 1),
-                "prompt_per_second": (prompt_tokens - cached) / (prompt_ms / 1000) if prompt_ms else 0.0,
-                "predicted_n": predicted,
-                "predicted_ms": predicted_ms,
-                "predicted_per_token_ms": predicted_ms / max(predicted, 1),
-                "predicted_per_second": predicted / (predicted_ms / 1000) if predicted_ms else 0.0,
-            },
-        }
-        for key in ("draft_n", "draft_n_accepted"):  # speculative decoding, as llama-server reports it
-            if key in timings:
-                result["timings"][key] = timings[key]
-        if body.n_probs and not streamed:  # a stream sent them with each piece
-            result["completion_probabilities"] = token_probabilities(progress.sent, body.post_sampling_probs)
+        content = "".join(progress.content)
+        result = completion_final(
+            index, "" if streamed else content,
+            [token.token for token in progress.sent] if body.return_tokens and not streamed else [],
+            model=self.settings.model_alias or self.model_id,  # llama-server's --alias names the model
+            predicted=predicted, evaluated=prompt_tokens,
+            settings=generation_settings(body, self.defaults, self.context_limit),
+            prompt=prompts[generation.prompt_of_choice[index]], has_new_line="\n" in content,
+            stop_type=_stop_type(finished, progress.cut),
+            stopping_word=finished.stop_sequence or "" if finished is not None and not progress.cut else "",
+            cached=cached,
+            answer_timings=timings(cached=cached, prompt_tokens=prompt_tokens, predicted=predicted,
+                                   engine=finished.timings if finished is not None else {}),
+            # a stream sent them with each piece
+            probabilities=token_probabilities(progress.sent, body.post_sampling_probs)
+            if body.n_probs and not streamed else None)
         if not body.response_fields:
-            return result
-        selected = _select(result, body.response_fields)
+            return dict(result)
+        selected = _select(dict(result), body.response_fields)
         return {**selected, "stop": True} if streamed else selected  # a stream's end stays recognisable
+
+
+def _prompt_length(generation: Generation, choice: int) -> int:
+    return generation.prompt_lengths[generation.prompt_of_choice[choice]]
 
 
 class _Failure(Exception):
@@ -202,29 +196,11 @@ def _stop_type(finished: Finished | None, cut: bool) -> str:
     return "limit" if finished.reason == FinishReason.LENGTH else "none"
 
 
-def _progress_chunk(generation: Generation, step: PrefillProgress, started: float) -> dict[str, Any]:
+def _progress_chunk(generation: Generation, index: int, step: PrefillProgress, started: float) -> CompletionChunk:
     """llama-server's `return_progress` chunk: a partial result without content, with the prompt's progress."""
-    return {"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": -1, "tokens_predicted": 0,
-            "tokens_evaluated": generation.prompt_lengths[0],
-            "prompt_progress": {"total": step.total, "cache": step.cached, "processed": step.processed,
-                                "time_ms": (time.monotonic() - started) * 1000}}
-
-
-def token_probabilities(tokens: list[TokenLogprob], post_sampling: bool) -> list[dict[str, Any]]:
-    """llama-server's `completion_probabilities`: each token with its logprob and the likeliest alternatives
-    (`prob` / `top_probs` as probabilities when `post_sampling_probs`; computed before sampling all the same)."""
-
-    def entry(token: int, piece: bytes, logprob: float) -> dict[str, Any]:
-        value = math.exp(logprob) if post_sampling else max(logprob, _LOWEST)
-        return {"id": token, "token": piece.decode("utf-8", errors="ignore"), "bytes": list(piece),
-                "prob" if post_sampling else "logprob": value}
-
-    return [{**entry(item.token, item.piece, item.logprob),
-             "top_probs" if post_sampling else "top_logprobs": [entry(*alternative) for alternative in item.top]}
-            for item in tokens]
-
-
-_LOWEST = -3.4028234663852886e38  # llama-server's stand-in for log(0), which JSON cannot spell
+    return completion_chunk(index, "", [], predicted=0, evaluated=_prompt_length(generation, index),
+                            progress={"total": step.total, "cache": step.cached, "processed": step.processed,
+                                      "time_ms": (time.monotonic() - started) * 1000})
 
 
 def generation_settings(body: NativeGeneration, defaults: SamplingDefaults, n_ctx: int) -> dict[str, Any]:
