@@ -8,7 +8,8 @@
 # take, default 1800), TEST_TIMEOUT (seconds a test may take, default 120), PORT (default: a free port),
 # ONE_SERVER=1: one server per file, started by this script with the file's preset flags, instead of one per test
 # (llama.cpp's DEBUG_EXTERNAL mode: minutes instead of hours on a loaded machine; the tests that change the
-# server's flags before starting it then run against the preset's server).
+# server's flags before starting it then run against the preset's server). PYTEST_K: a pytest -k expression, to run
+# only some tests of the files (their log and XML then hold only those).
 set -euo pipefail
 
 HERE=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
@@ -87,7 +88,7 @@ for file in "${FILES[@]}"; do
     start_one_server "$file" || { echo "the server did not start"; kill "$SERVER_PID" 2> /dev/null || true; continue; }
   fi
   (cd "$WORK/tests" && timeout --kill-after=30 "${FILE_TIMEOUT:-1800}" nice -n 5 "$PYTHON" -m pytest "unit/$file.py" \
-      -p no:cacheprovider -v -m "not slow" --timeout "${TEST_TIMEOUT:-120}" \
+      -p no:cacheprovider -v -m "not slow" ${PYTEST_K:+-k "$PYTEST_K"} --timeout "${TEST_TIMEOUT:-120}" \
       --junitxml "$ROOT/benchmarks/results/llama_server_tests/$file.xml" \
       > "$ROOT/benchmarks/results/llama_server_tests/$file.log" 2>&1) || true
   if [ -n "$SERVER_PID" ]; then

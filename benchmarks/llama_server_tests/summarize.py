@@ -2,7 +2,7 @@
 
 Reads the JUnit XML files run.sh writes (one per test file) and writes the Markdown results table. A failure's
 reason comes from explanations.py (the first pattern that matches the test's id); one not explained there is
-listed with the first line of its error, marked "not yet explained".
+listed with the first line of its error, marked "not yet explained". Failures are grouped by reason.
 """
 
 from __future__ import annotations
@@ -101,11 +101,14 @@ def report(results: list[FileResult]) -> str:
         totals.skipped += result.skipped
         totals.failures += result.failures
     lines.append(f"| **total** | {totals.passed} | {len(totals.failures)} | {totals.skipped} | {totals.total} |")
-    lines += ["", "## Every failure, explained", ""]
+    lines += ["", "## Every failure, explained (one line per reason, the tests it explains)", ""]
+    grouped: dict[str, list[str]] = {}
     for result in results:
         for test, error in result.failures:
             reason = explain(result.name, test) or f"not yet explained: `{error}`"
-            lines.append(f"- `{result.name}::{test}`: {reason}")
+            grouped.setdefault(reason, []).append(f"`{result.name}::{test}`")
+    for reason, tests in sorted(grouped.items(), key=lambda item: -len(item[1])):
+        lines.append(f"- {reason} ({len(tests)}): {', '.join(tests)}")
     return "\n".join(lines) + "\n"
 
 
