@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from edge_llm.models.fetch import default_model_path
+from edge_llm.prompting.builtin_templates import BUILTIN_TEMPLATES
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,12 @@ def speculative(value: str) -> list[str]:
 
 def pooling(value: str) -> list[str]:
     return ["--pooling", value] if value in ("mean", "last", "cls") else []
+
+
+def chat_template(value: str) -> list[str]:
+    """A built-in name this server knows too is passed on; llama.cpp's others (command-r, deepseek3, ...) are not
+    (a name this server does not know would be read as a Jinja string, and refused at start)."""
+    return ["--chat-template", value] if value in BUILTIN_TEMPLATES else []
 
 
 def n_predict(value: str) -> list[str]:
@@ -84,11 +91,11 @@ FLAGS: dict[str, Flag] = {
     "--cache-type-v": Flag(True, same("--cache-type-v")),
     "-fa": Flag(True, same("--flash-attn")),
     "--flash-attn": Flag(True, same("--flash-attn")),
-    "--n-predict": Flag(True, n_predict),
-    "-n": Flag(True, n_predict),
+    "--n-predict": Flag(True, n_predict, "-1 (no limit) is the default here"),
+    "-n": Flag(True, n_predict, "-1 (no limit) is the default here"),
     "--api-key": Flag(True, same("--api-key")),
     "--cors-origins": Flag(True, same("--cors-origins")),
-    "--pooling": Flag(True, pooling),
+    "--pooling": Flag(True, pooling, "a pooling type this server does not offer (mean, last, cls here)"),
     "--spec-type": Flag(True, speculative),
     "--cache-reuse": Flag(True, same("--cache-reuse")),
     "--verbose": Flag(False, lambda _v: ["--log-level", "debug"]),
@@ -100,7 +107,10 @@ FLAGS: dict[str, Flag] = {
     "--kv-unified": Flag(False, None, ALWAYS_ON),
     "--no-slots": Flag(False, None, "/slots answers 501 as llama-server's --no-slots does"),
     "--offline": Flag(False, None, "this server never downloads"),
-    "--seed": Flag(True, None, "no server-wide default seed; requests carry their own"),
+    "--seed": Flag(True, same("--seed")),
+    "-s": Flag(True, same("--seed")),
+    "--tags": Flag(True, same("--tags")),
+    "--chat-template": Flag(True, chat_template, "not a built-in template name here"),
     "--no-jinja": Flag(False, None, "the GGUF's chat template is always rendered as Jinja"),
     "--slots": Flag(False, None, "no fixed slots: sequences share one continuous batch"),
 }
@@ -108,9 +118,9 @@ FLAGS: dict[str, Flag] = {
 # Every other flag llama.cpp's tests pass (tools/server/tests/utils.py): dropped, no equivalent here.
 DROPPED_WITH_VALUE = (
     "--model-draft", "--models-dir", "--models-max", "--models-preset", "--ubatch-size", "-ub", "--n-gpu-layers",
-    "-ngl", "--tags", "--slot-save-path", "--grp-attn-n", "--grp-attn-w", "--lora", "--spec-draft-n-max",
+    "-ngl", "--slot-save-path", "--grp-attn-n", "--grp-attn-w", "--lora", "--spec-draft-n-max",
     "--spec-draft-n-min", "--spec-synth-len", "--spec-synth-rates", "--reasoning-format", "--reasoning",
-    "--chat-template", "--chat-template-file", "--mmproj-url", "--media-path", "--sleep-idle-seconds",
+    "--chat-template-file", "--mmproj-url", "--media-path", "--sleep-idle-seconds",
     "--cache-ram", "--tools", "--tools-runtime", "--mcp-servers-config", "--mcp-servers-json",
 )
 DROPPED_SWITCHES = (
@@ -140,6 +150,9 @@ def translate(argv: Sequence[str]) -> tuple[list[str], list[str]]:
             notes.append(f"dropped {name} {value}".rstrip() + f": {spec.why}")
             continue
         translated = spec.to(value)
+        if not translated:  # a value this server has no equivalent for (e.g. a template name it does not know)
+            notes.append(f"dropped {name} {value}: {spec.why or NO_EQUIVALENT}")
+            continue
         if spec.to is model_file:
             notes.append(f"{name} {value} → the default model {translated[1]} (offline)")
             if model_given:

@@ -67,6 +67,12 @@ class InfillServing(Serving):
         text = await self.off_loop(context, self.engine.detokenize, prompt)
         return await self.answer(request, generation, body, [text])
 
+    @property
+    def answer_model(self) -> str:
+        """The `model` llama-server's answers name: the first --alias (llama-server's), else the model's id."""
+        aliases = self.settings.alias_names
+        return aliases[0] if aliases else self.model_id
+
     async def answer(self, request: Request, generation: Generation, body: NativeGeneration,
                      prompts: list[str]) -> Response:
         """llama-server's answer to its own routes: streamed `data:` events (each with its prompt's `index`) or one
@@ -159,7 +165,7 @@ class InfillServing(Serving):
         result = completion_final(
             index, "" if streamed else content,
             [token.token for token in progress.sent] if body.return_tokens and not streamed else [],
-            model=self.settings.model_alias or self.model_id,  # llama-server's --alias names the model
+            model=self.answer_model,
             predicted=predicted, evaluated=prompt_tokens,
             settings=generation_settings(body, self.defaults, self.context_limit),
             prompt=prompts[generation.prompt_of_choice[index]], has_new_line="\n" in content,

@@ -74,9 +74,10 @@ class NativeServing(InfillServing):
             raise engine_unavailable(EngineUnavailableError("the model is not loaded yet"))
         defaults = self.defaults
         params = {"temperature": defaults.temperature, "top_p": defaults.top_p, "top_k": defaults.top_k,
-                  "n_predict": defaults.max_tokens, "seed": -1, "stream": False, "cache_prompt": True,
+                  "n_predict": defaults.max_tokens, "seed": self.settings.seed, "stream": False, "cache_prompt": True,
                   "samplers": ["top_k", "top_p", "min_p", "temperature"]}
         return props(n_ctx=self.context_limit, params=params, total_slots=self.settings.parallel,
-                     model_alias=self.settings.model_alias or self.model_id, model_path=str(info.path),
-                     chat_template=info.chat_template or "", bos_token=info.bos_text, eos_token=info.eos_text,
+                     model_alias=self.answer_model, model_path=str(info.path),
+                     chat_template=self.core.chat_template or info.chat_template or "",  # --chat-template first
+                     bos_token=info.bos_text, eos_token=info.eos_text,
                      build_info=f"edge-llm {__version__}")
