@@ -16,6 +16,7 @@ from edge_llm.prompting.fim import (
     cursor_line_split,
     ends_block,
     infill_prompt,
+    split_before_cursor,
     suffix_echo_stop,
 )
 
@@ -213,3 +214,128 @@ def test_without_a_block_end_or_after_a_long_block_the_middle_opens_at_the_curso
 def test_v1_completions_text_puts_the_cursors_line_in_the_middle() -> None:
     assert cursor_line_split("def f():\n    ret") == ("def f():\n", "    ret")
     assert cursor_line_split("x = ") == ("x = ", "")
+
+
+def reference_split(before: str) -> tuple[str, str]:
+    """split_before_cursor written the slow, obvious way: over the list of finished lines."""
+    *finished, _cursor_line = before.split("\n")
+    lines = [line + "\n" for line in finished]
+    ends = [sum(len(line) for line in lines[:i + 1]) for i in range(len(lines))]
+    cursor_start = ends[-1] if ends else 0
+    for i in range(len(lines) - 1, max(-1, len(lines) - 1 - BLOCK_SCAN_LINES), -1):
+        if ends_block(lines[i]):
+            carried = before[ends[i]:cursor_start]
+            if len(carried) <= BLOCK_TOKENS:
+                return before[:ends[i]], before[ends[i]:]
+            break
+    return before[:cursor_start], before[cursor_start:]
+
+
+@settings(max_examples=400)
+@given(st.lists(st.sampled_from(["\n", "x\n", "  \n", BLOCK_END, INSIDE[0], INSIDE[1], "a = 1\n", "w" * 90 + "\n"]),
+                max_size=12),
+       st.sampled_from(["", "    ret", "x"]))
+def test_the_split_before_the_cursor_is_after_the_last_finished_line_that_ends_a_block(lines: list[str],
+                                                                                     typed: str) -> None:
+    before = "".join(lines) + typed
+    assert split_before_cursor(chars, before, fallback=len(before) - len(typed)) == reference_split(before)
+
+
+def inside_line(length: int) -> str:
+    """A finished line of `length` characters (its newline included) that ends no block."""
+    return next(line for c in "yzwvutsrqponmlk" if not ends_block(line := c * (length - 1) + "\n"))
+
+
+def test_lines_carried_into_the_middle_may_hold_block_tokens_and_no_more() -> None:
+    exact = inside_line(BLOCK_TOKENS)
+    assert split_before_cursor(chars, BLOCK_END + exact + "z", fallback=0) == (BLOCK_END, exact + "z")
+    over = inside_line(BLOCK_TOKENS + 1)
+    assert split_before_cursor(chars, BLOCK_END + over + "z", fallback=0) == ("", BLOCK_END + over + "z")
+
+
+def test_a_line_with_a_lone_surrogate_is_hashed_like_any_other() -> None:
+    """A JSON body's "\\ud800" escape reaches the prompt as a lone surrogate: hashing it must not raise."""
+    share = sum(ends_block(f"\ud800 = {i}\n") for i in range(800)) / 800
+    assert abs(share - 1 / BLOCK_ODDS) < 0.05
+
+
+def test_the_cursors_line_is_after_the_last_newline() -> None:
+    assert cursor_line_split("a\nb\n    c") == ("a\nb\n", "    c")
+
+
+def test_a_suffix_line_of_eight_characters_is_distinctive_enough_and_of_seven_not() -> None:
+    assert suffix_echo_stop("\n  abcdefgh\n") == ("\n```", "\n  abcdefgh")
+    assert suffix_echo_stop("\nabcdefg\n") == ("\n```",)
+
+
+def test_no_room_leaves_no_repository_context_and_every_snippet_is_kept() -> None:
+    tokens = infill_prompt(chars, QWEN_LIKE, prefix="a", suffix="b", extra=[ExtraFile("f.py", "x" * 100)],
+                           n_predict=4000, n_ctx=4096)
+    assert tokens[0] == PRE
+    bare = infill_prompt(chars, BARE, prefix="a", suffix="", extra=[ExtraFile("a.py", "A"), ExtraFile("b.py", "B")],
+                         n_predict=4, n_ctx=8192)
+    assert text_of(bare).startswith("\n\n--- snippet ---\n\nA\n\n--- snippet ---\n\nB<PRE>")
+
+
+def test_an_editor_cut_without_options_passes_every_line_but_a_fence() -> None:
+    cut = EditorCut()
+    assert cut.anchor == "" and cut.cut is False
+    assert cut.feed("a\n", 0) == "a\n"
+    assert cut.feed("XXXX\nb\n", 10_000) == "XXXX\nb\n"  # no time budget, no suffix to echo
+    assert cut.cut is False and cut.finish() == ""
+
+
+def test_the_time_budget_is_passed_only_after_its_last_millisecond() -> None:
+    at_budget = EditorCut(t_max_predict_ms=10)
+    assert at_budget.feed("a\n", 10) == "a\n" and not at_budget.cut
+    assert at_budget.feed("b\n", 10.5) == "b\n" and at_budget.cut
+    one_ms = EditorCut(t_max_predict_ms=1)
+    one_ms.feed("a\n", 2)
+    assert one_ms.cut
+
+
+def test_a_time_cut_sends_the_held_start_of_a_line_and_nothing_after() -> None:
+    cut = EditorCut(t_max_predict_ms=5, suffix="\nprint(x)\n")
+    assert cut.feed("a\n", 0) == "a\n"
+    assert cut.feed("pri", 1) == ""  # may be the suffix again: held
+    assert cut.feed("\n", 6) == "pri\n" and cut.cut
+    assert cut.finish() == "" and cut.feed("more\n", 7) == ""
+
+
+def test_a_cut_in_the_middle_of_a_piece_sends_the_lines_before_it_whole() -> None:
+    cut = EditorCut(n_indent=4)
+    assert cut.feed("a\n    b\n  c\n", 0) == "a\n    b\n  "
+    assert cut.feed("    d\n", 0) == "" and cut.finish() == ""
+
+
+def test_the_first_line_streams_in_pieces_without_any_rule() -> None:
+    cut = EditorCut(n_indent=4)
+    assert [cut.feed(p, 0) for p in ["def f(", "x):\n", "    return x\n"]] == ["def f(", "x):\n", "    return x\n"]
+    assert not cut.cut
+
+
+def test_n_indent_of_one_cuts_a_line_at_column_zero_and_a_blank_line_cuts_too() -> None:
+    one = EditorCut(n_indent=1)
+    assert one.feed("a\n b\nX = 1\n", 0) == "a\n b\n" and one.cut
+    blank = EditorCut(n_indent=4)
+    assert blank.feed("a\n  \n    y\n", 0) == "a\n  " and blank.cut
+    empty = EditorCut(n_indent=4)
+    assert empty.feed("a\n\n    y\n", 0) == "a\n" and empty.cut
+
+
+def test_a_line_held_when_the_completion_ends_goes_out_once() -> None:
+    cut = EditorCut(n_indent=4)
+    assert cut.feed("a\n    ``", 0) == "a\n"  # the second line may be a fence: held
+    assert cut.finish() == "    ``"
+    assert cut.finish() == ""
+
+
+def test_a_line_goes_out_as_soon_as_it_can_be_neither_a_fence_nor_the_suffix() -> None:
+    cut = EditorCut(suffix="\ndef main():\n")
+    cut.feed("a\n", 0)
+    assert cut.feed("X", 0) == "X"
+    assert cut.feed("\n", 0) == "\n"
+    assert cut.feed("de", 0) == ""  # may begin "def main():"
+    assert cut.feed("x\n", 0) == "dex\n"
+    assert cut.feed("  ``", 0) == ""  # may be a fence
+    assert cut.feed("`py\n", 0) == "" and cut.cut

@@ -124,6 +124,7 @@ def _repository_context(tokenize: Callable[[str], list[int]], fim: FimTokens,
     return tokens
 
 
+INDENT = " \t"
 ECHO_MATCH = 12  # a line that begins with this many characters of the suffix's first line repeats the suffix
 
 
@@ -164,16 +165,12 @@ class EditorCut:
         if "\n" in text and elapsed_ms > self.t_max_predict_ms > 0:
             self.cut = True
             out.append(self._line)
-            self._line = ""
         return "".join(out)
 
     def finish(self) -> str:
         """What is still held back when the completion ends on its own."""
         held, self._line = self._line, ""
-        if self.cut or not held:
-            return ""
-        verdict = self._judge(held, complete=True)
-        return held if verdict is None else verdict
+        return "" if self.cut else held  # a held line that no rule has cut by now is one no rule can cut
 
     def _take(self, piece: str) -> str:
         ends_line = piece.endswith("\n")
@@ -181,10 +178,9 @@ class EditorCut:
             self._open = not ends_line
             return piece
         self._line += piece
-        verdict = self._judge(self._line, complete=ends_line)
+        verdict = self._judge(self._line)
         if verdict is not None:
             self.cut = True
-            self._line = ""
             return verdict
         if self._decided(self._line) or ends_line:
             line, self._line = self._line, ""
@@ -192,25 +188,20 @@ class EditorCut:
             return line
         return ""
 
-    def _judge(self, line: str, *, complete: bool) -> str | None:
+    def _judge(self, line: str) -> str | None:
         """None while the line may go out; else the completion ends, and this part of the line goes out."""
-        body = line.lstrip(" \t")
+        body = line.lstrip(INDENT)
         indent = len(line) - len(body)
         stripped = body.strip()
-        if self.n_indent > 0 and (body or complete) and indent < self.n_indent:
+        if body and indent < self.n_indent:  # a blank line has its newline for a body
             return line[:indent]
-        if stripped.startswith(FENCE):
-            return ""
-        if self.anchor and stripped.startswith(self.anchor) and (len(stripped) >= len(self.anchor)):
+        if stripped.startswith(FENCE) or (self.anchor and stripped.startswith(self.anchor)):
             return ""
         return None
 
     def _decided(self, line: str) -> bool:
         """The line can no longer meet a rule: the rest of it goes out as it comes."""
-        body = line.lstrip(" \t")
-        stripped = body.rstrip()
-        if not stripped:
+        body = line.lstrip(INDENT)
+        if not body.strip():
             return False
-        if FENCE.startswith(stripped) or (self.anchor and self.anchor.startswith(stripped)):
-            return False
-        return True
+        return not (FENCE.startswith(body) or (self.anchor and self.anchor.startswith(body)))
