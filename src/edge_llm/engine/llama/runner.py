@@ -141,12 +141,11 @@ class LlamaRunner:
         self.info = self._read_info()
         self._embedding: EmbeddingContext | None = None
         self._batch_row: list[int] | None = None  # plan row → batch row, when decode reorders them
-        # The token texts the grammar check walks (0.5 s of CPU for 150k tokens): read beside the serving, not before
-        # it is ready, and not on the tokenizer thread, where the first grammar would hold every other request.
+        # The token texts the grammar check walks (0.2-0.5 s of CPU and ~7 MB for 150k tokens): read by the first
+        # grammar check, as llama-server pays nothing for them at load; a server never asked for a grammar never
+        # builds them, and the start-up does not share the CPU and the GIL with them (issue 40).
         self._grammar_tokens: TokenTexts | None = None
-        self._grammar_tokens_reader = threading.Thread(target=self._read_token_texts, daemon=True,
-                                                       name="edge-llm-token-texts")
-        self._grammar_tokens_reader.start()
+        self._grammar_tokens_lock = threading.Lock()
         self._reserve_outputs(min(config.logit_rows, config.n_batch, config.n_ctx))
 
 
@@ -344,13 +343,11 @@ class LlamaRunner:
         if not self._grammars.add(grammar):
             raise GrammarError("llama.cpp rejected the grammar")
 
-    def _read_token_texts(self) -> None:
-        self._grammar_tokens = grammar_token_texts(self._vocab, self._n_vocab)
-
     def _token_texts(self) -> TokenTexts:
-        self._grammar_tokens_reader.join()  # a grammar in the first second after load waits for the texts
-        assert self._grammar_tokens is not None
-        return self._grammar_tokens
+        with self._grammar_tokens_lock:  # two first grammars at once build them once
+            if self._grammar_tokens is None:
+                self._grammar_tokens = grammar_token_texts(self._vocab, self._n_vocab)
+            return self._grammar_tokens
 
     # ---- sampling (TokenSampling, engine thread only) -----------------------------------------------
 
@@ -376,15 +373,15 @@ class LlamaRunner:
         return self._embedding.hidden_states(tokens, start)
 
     def close(self) -> None:
-        self._grammar_tokens_reader.join()  # it reads the vocabulary freed below
-        self._grammars.close()
-        if self._embedding is not None:
-            self._embedding.close()
-            self._embedding = None
-        if self._ctx:
-            llama_cpp.llama_batch_free(self._batch)
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
-        if self._model:
-            llama_cpp.llama_model_free(self._model)
-            self._model = None
+        with self._grammar_tokens_lock:  # waits for a grammar's first check: it reads the vocabulary freed here
+            self._grammars.close()
+            if self._embedding is not None:
+                self._embedding.close()
+                self._embedding = None
+            if self._ctx:
+                llama_cpp.llama_batch_free(self._batch)
+                llama_cpp.llama_free(self._ctx)
+                self._ctx = None
+            if self._model:
+                llama_cpp.llama_model_free(self._model)
+                self._model = None
