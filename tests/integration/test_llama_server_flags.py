@@ -1,11 +1,12 @@
 """llama-server's server-wide flags, as its users pass them: --seed (a default seed for requests that give none),
---model-alias with several names and --tags (the model's other names and labels in /v1/models), --chat-template
+--model-alias with several names and --tags (the model's other names and labels in /v1/models; answers name the model as the request did), --chat-template
 and --chat-template-file (a built-in name or a Jinja template instead of the GGUF's; a bad one stops start-up)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +47,14 @@ def test_every_alias_names_the_model_and_the_list_shows_aliases_and_tags(flagged
     for name in ("alpha", "beta", "gamma", model_id):
         response = httpx.post(flagged.url + CHAT, json={**SAMPLED, "model": name, "max_tokens": 1}, timeout=120)
         assert response.status_code == 200, (name, response.text)
+        assert response.json()["model"] == name  # the name the client used, as llama-server echoes it
+    with httpx.stream("POST", flagged.url + CHAT, timeout=120,
+                      json={**SAMPLED, "model": "gamma", "max_tokens": 1, "stream": True}) as streamed:
+        first = next(line for line in streamed.iter_lines() if line.startswith("data: {"))
+    assert json.loads(first.removeprefix("data: "))["model"] == "gamma"
+    message = httpx.post(flagged.url + "/v1/messages", timeout=120, headers={"anthropic-version": "2023-06-01"},
+                         json={"model": "beta", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]})
+    assert message.status_code == 200 and message.json()["model"] == "beta", message.text
     unknown = httpx.post(flagged.url + CHAT, json={**SAMPLED, "model": "alpha,beta", "max_tokens": 1}, timeout=120)
     assert unknown.status_code == 404
     (card,) = httpx.get(flagged.url + "/v1/models", timeout=60).json()["data"]

@@ -92,7 +92,7 @@ def test_both_models_answer_concurrently_each_loaded_by_its_first_request(serve:
     for thread in threads:
         thread.join()
     assert answers["qwen"].model == MODEL_ID and answers["qwen"].choices[0].message.content
-    assert answers["gemma"].model == GEMMA_ID and answers["gemma"].choices[0].text
+    assert answers["gemma"].model == GEMMA and answers["gemma"].choices[0].text  # the name it was asked by
     for answer in answers.values():  # each waited for its model's load, and says so
         assert answer.model_extra["timings"]["load_ms"] > 0
     assert states(server) == {MODEL_ID: "loaded", GEMMA_ID: "loaded"}

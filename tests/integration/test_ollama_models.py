@@ -164,7 +164,7 @@ def test_copy_gives_a_name_that_every_family_serves_and_delete_forgets_it(models
     assert "tiny-backup:latest" in [model.model for model in ollama_client.list().models]
     reply = httpx.post(models_server.url + "/v1/completions", timeout=300,
                        json={"model": "tiny-backup", "prompt": "The capital of France is", "max_tokens": 2})
-    assert reply.status_code == 200 and reply.json()["model"] == GEMMA_3_270M.filename.removesuffix(".gguf")
+    assert reply.status_code == 200 and reply.json()["model"] == "tiny-backup"  # the name it was asked by
     running = {model.model: model for model in ollama_client.ps().models}
     assert GEMMA in running
     left = running[GEMMA].expires_at - datetime.now(timezone.utc)

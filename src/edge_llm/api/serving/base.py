@@ -83,6 +83,12 @@ class Serving:
             names.update(self.settings.alias_names)
         return names
 
+    def answer_model(self, context: RequestContext) -> str:
+        """The name answers carry in `model`: the one the request gave for this model (an alias, the file name), as
+        llama-server, vLLM and Ollama echo it; the model's id when it gave none."""
+        name = (context.body or {}).get("model")
+        return name if isinstance(name, str) and name and same_name(name, self.model_names) else self.model_id
+
     def check_model(self, name: str | None) -> None:
         if name and not same_name(name, self.model_names):
             raise APIError(
@@ -265,7 +271,8 @@ class Serving:
             raise from_engine_error(exc) from None
         if context.load_wait_ms:
             channel.extra_timings["load_ms"] = context.load_wait_ms
-        return Generation(requests, channel, [len(p) for p in prompts], [i // n for i in range(choices)])
+        return Generation(requests, channel, [len(p) for p in prompts], [i // n for i in range(choices)],
+                          self.answer_model(context))
 
     def seeded(self, sampling: SamplingParams, choice: int) -> SamplingParams:
         """A request without a seed gets --seed's (plus its choice index, so that n choices differ), if set."""
@@ -359,7 +366,7 @@ class Serving:
             "id": completion_id,
             "object": kind,
             "created": int(time.time()),
-            "model": self.model_id,
+            "model": generation.model,
             "choices": choices,
             "usage": usage_info(total_usage(generation, finished)).model_dump(),
             "system_fingerprint": None,

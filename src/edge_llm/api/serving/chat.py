@@ -122,7 +122,7 @@ class ChatServing(Serving):
 
     async def _chat_chunks(self, generation: Generation, plan: ChatPlan, include_usage: bool
                            ) -> AsyncIterator[bytes]:
-        head = StreamHead(new_completion_id(), int(time.time()), self.model_id)
+        head = StreamHead(new_completion_id(), int(time.time()), generation.model)
         want_logprobs = generation.wants_logprobs
         tails = [ToolCallTail(plan.tools) for _ in generation.requests]
         finished: list[Finished | None] = [None] * len(generation.requests)

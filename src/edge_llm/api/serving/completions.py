@@ -78,7 +78,7 @@ class CompletionServing(Serving):
 
     async def _completion_chunks(self, generation: Generation, echo: list[str], include_usage: bool
                                  ) -> AsyncIterator[bytes]:
-        head = StreamHead(_completion_id(), int(time.time()), self.model_id)
+        head = StreamHead(_completion_id(), int(time.time()), generation.model)
         want_logprobs = generation.wants_logprobs
         offsets = [len(echo[generation.prompt_of_choice[i]]) for i in range(len(generation.requests))]
         finished: list[Finished | None] = [None] * len(generation.requests)

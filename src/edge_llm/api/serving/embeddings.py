@@ -48,7 +48,7 @@ class EmbeddingServing(Serving):
         data = [{"object": "embedding", "index": i, "embedding": _encoded(vector, body.encoding_format)}
                 for i, vector in enumerate(event.vectors)]
         usage = {"prompt_tokens": event.prompt_tokens, "total_tokens": event.prompt_tokens}
-        return JSONResponse({"object": "list", "data": data, "model": self.model_id, "usage": usage},
+        return JSONResponse({"object": "list", "data": data, "model": self.answer_model(context), "usage": usage},
                             headers={"x-request-id": request_id})
 
     async def embed(self, request: Request, inputs: list[list[int]], info: ModelInfo) -> tuple[str, Embedded]:

@@ -107,7 +107,7 @@ class MessagesServing(Serving):
         if text or not calls:  # a text block even when empty, so content[0] is there for simple clients
             content.append(text_block(text))
         content.extend(tool_use_block(call) for call in calls)
-        return message(new_message_id(), self.model_id, content, stop_reason(finished, bool(calls)),
+        return message(new_message_id(), generation.model, content, stop_reason(finished, bool(calls)),
                        finished.stop_sequence, usage(generation.prompt_lengths[0], finished.usage.completion_tokens,
                                                      finished.usage.cached_tokens))
 
@@ -119,7 +119,7 @@ class MessagesServing(Serving):
         blocks = _Blocks()
         tail = ToolCallTail(names)
         # The cached part of the prompt is known only at the end: message_delta has the final figures.
-        yield event(message_start(message(new_message_id(), self.model_id, [], None, None,
+        yield event(message_start(message(new_message_id(), generation.model, [], None, None,
                                           usage(generation.prompt_lengths[0], 0, 0))))
         yield event(ping())
         beats.arm()

@@ -38,6 +38,7 @@ class Generation:
     channel: ReplyChannel
     prompt_lengths: list[int]  # per distinct prompt
     prompt_of_choice: list[int]  # choice index → prompt index
+    model: str = ""  # the name its answers carry (Serving.answer_model)
 
     @property
     def request_id(self) -> str:

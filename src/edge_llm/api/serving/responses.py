@@ -93,7 +93,7 @@ class ResponsesServing(Serving):
                 error.param = "input"
             raise
         stored = body.store is not False and keeper.store.enabled
-        builder = ResponseBuilder(self.model_id, {**body.echo(stored=stored), "background": bool(body.background)})
+        builder = ResponseBuilder(generation.model, {**body.echo(stored=stored), "background": bool(body.background)})
         tail = ToolCallTail(plan.tools)  # with the names: bare JSON calls count too
         if body.background:
             return await self._detached(request, generation, builder, tail, keeper)
