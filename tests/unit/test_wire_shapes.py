@@ -10,13 +10,14 @@ import ollama
 import pytest
 from anthropic.types import Message as AnthropicMessage
 from anthropic.types import RawMessageStreamEvent
-from openai.types import Completion
+from openai.types import Completion, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletionChunk
-from openai.types.responses import Response, ResponseStreamEvent
+from openai.types.responses import Response, ResponseItemList, ResponseStreamEvent
 from pydantic import BaseModel, TypeAdapter
 
 from edge_llm.api.protocol import anthropic_answers as anthropic
 from edge_llm.api.protocol import ollama_answers
+from edge_llm.api.protocol.embeddings import embedding_list
 from edge_llm.api.protocol import responses_answers as responses
 from edge_llm.api.protocol.responses import ResponsesRequest
 from edge_llm.api.protocol.openai_answers import StreamHead, chat_chunk, completion_chunk, usage_chunk
@@ -193,3 +194,21 @@ def test_ollama_lines_are_the_clients_responses(chat: bool) -> None:
         parsed = kind.model_validate(payload)
         # The client keeps every key it knows: nothing it knows was sent under another name.
         assert parsed.model_dump(exclude_unset=True, mode="json") == _without_go_only(dict(payload))
+
+
+# ---- OpenAI embeddings ---------------------------------------------------------------------------
+
+
+def test_an_embedding_list_is_the_sdks_create_embedding_response() -> None:
+    parsed = validated(CreateEmbeddingResponse, dict(embedding_list([[0.5, -1.0], [0.25, 2.0]], "qwen", 6)))
+    assert [item.index for item in parsed.data] == [0, 1] and parsed.usage.total_tokens == 6
+    # base64 strings are decoded by the SDK before it builds this type, so only the float form is checked here
+
+
+def test_a_stored_input_item_page_is_the_sdks_response_item_list() -> None:
+    item = {"id": "msg_1", "type": "message", "role": "user", "status": "completed",
+            "content": [{"type": "input_text", "text": "Hi"}]}
+    parsed = validated(ResponseItemList, dict(responses.item_list([item], has_more=True)))
+    assert (parsed.first_id, parsed.last_id, parsed.has_more) == ("msg_1", "msg_1", True)
+    # an empty page sends null first_id/last_id, which the SDK's type (str) refuses: kept as before, see notes-38
+    assert responses.item_list([], has_more=False)["first_id"] is None

@@ -1,8 +1,12 @@
-"""The /v1/embeddings body and answer (OpenAI's shapes). Errors use the server's one error envelope."""
+"""The /v1/embeddings body and answer (OpenAI's shapes). Errors use the server's one error envelope.
+
+The answer models document the route (OpenAPI); the body sent is built by `embedding_list` as plain dicts (2,048
+vectors of ~900 floats validated one by one would hold up the event loop), checked against the SDK's
+`CreateEmbeddingResponse` in tests/unit/test_wire_shapes.py."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal, TypedDict
 
 from pydantic import BaseModel, Field, StrictInt, StrictStr
 
@@ -37,3 +41,24 @@ class EmbeddingsResponse(BaseModel):
     data: list[Embedding]
     model: str
     usage: EmbeddingsUsage
+
+
+class EmbeddingAnswer(TypedDict):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingListAnswer(TypedDict):
+    object: Literal["list"]
+    data: list[EmbeddingAnswer]
+    model: str
+    usage: dict[str, int]
+
+
+def embedding_list(vectors: list[Any], model: str, prompt_tokens: int) -> EmbeddingListAnswer:
+    """OpenAI's list of embeddings: `vectors` already encoded (floats or base64), in input order."""
+    data: list[EmbeddingAnswer] = [{"object": "embedding", "index": i, "embedding": vector}
+                                   for i, vector in enumerate(vectors)]
+    return {"object": "list", "data": data, "model": model,
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}

@@ -234,3 +234,31 @@ def arguments_delta_event(sequence: int, item_id: str, output_index: int, delta:
 def arguments_done_event(sequence: int, item_id: str, output_index: int, arguments: str) -> ArgumentsEvent:
     return {"type": "response.function_call_arguments.done", "sequence_number": sequence, "item_id": item_id,
             "output_index": output_index, "arguments": arguments}
+
+
+# ---- stored responses (GET /v1/responses/{id}/input_items, DELETE /v1/responses/{id}) ----------------------------
+
+
+class ItemList(TypedDict):
+    object: Literal["list"]
+    data: list[dict[str, Any]]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class Deleted(TypedDict):
+    id: str
+    object: Literal["response"]
+    deleted: bool
+
+
+def item_list(page: list[dict[str, Any]], has_more: bool) -> ItemList:
+    """OpenAI's `ResponseItemList`: one page of stored input items."""
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": has_more}
+
+
+def deleted(response_id: str) -> Deleted:
+    """What DELETE answers (the SDK returns nothing; OpenAI's API sends this)."""
+    return {"id": response_id, "object": "response", "deleted": True}

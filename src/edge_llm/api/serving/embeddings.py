@@ -15,7 +15,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from edge_llm.api.errors import from_engine_error, invalid_request
-from edge_llm.api.protocol.embeddings import MAX_INPUTS, MAX_REQUEST_TOKENS, EmbeddingsRequest
+from edge_llm.api.protocol.embeddings import MAX_INPUTS, MAX_REQUEST_TOKENS, EmbeddingsRequest, embedding_list
 from edge_llm.api.request_context import RequestContext, request_context
 from edge_llm.api.serving.base import Serving
 from edge_llm.api.serving.outcome import engine_unavailable, failure_error
@@ -43,12 +43,8 @@ class EmbeddingServing(Serving):
         self.check_dimensions(body.dimensions, info)
         inputs = await self.token_inputs(context, body.input, info)
         request_id, event = await self.embed(request, inputs, info)
-        # Plain dicts, not the pydantic models: 2,048 vectors of ~900 floats validated one by one would hold up the
-        # event loop (protocol/embeddings.py documents the shape).
-        data = [{"object": "embedding", "index": i, "embedding": _encoded(vector, body.encoding_format)}
-                for i, vector in enumerate(event.vectors)]
-        usage = {"prompt_tokens": event.prompt_tokens, "total_tokens": event.prompt_tokens}
-        return JSONResponse({"object": "list", "data": data, "model": self.answer_model(context), "usage": usage},
+        vectors = [_encoded(vector, body.encoding_format) for vector in event.vectors]
+        return JSONResponse(embedding_list(vectors, self.answer_model(context), event.prompt_tokens),
                             headers={"x-request-id": request_id})
 
     async def embed(self, request: Request, inputs: list[list[int]], info: ModelInfo) -> tuple[str, Embedded]:

@@ -15,6 +15,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from edge_llm.api.errors import APIError, invalid_request
+from edge_llm.api.protocol.responses_answers import deleted, item_list
 from edge_llm.api.protocol.responses import MessageItem, ReasoningItem, ResponsesRequest
 from edge_llm.api.response_store import ResponseStore, StoredResponse, request_owner
 from edge_llm.api.serving.responses_events import new_id
@@ -100,7 +101,7 @@ def delete(request: Request, response_id: str) -> JSONResponse:
     if not response_store(request).delete(request_owner(request), response_id):
         raise not_found(response_id)
     logger.info("stored response %s deleted", response_id)
-    return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+    return JSONResponse(deleted(response_id))
 
 
 def input_items(request: Request, response_id: str) -> JSONResponse:
@@ -127,8 +128,7 @@ def input_items(request: Request, response_id: str) -> JSONResponse:
             raise invalid_request(f"No input item with id '{after}' in response '{response_id}'", param="after")
         items = items[position + 1:]
     page = items[:limit]
-    return JSONResponse({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-                         "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit})
+    return JSONResponse(item_list(page, has_more=len(items) > limit))
 
 
 __all__ = ["Keeper", "delete", "input_items", "previous_context", "retrieve", "stored_items"]
