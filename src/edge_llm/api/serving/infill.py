@@ -68,7 +68,7 @@ class InfillServing(Serving):
         return await self.answer(request, generation, body, [text])
 
     @property
-    def answer_model(self) -> str:
+    def first_alias(self) -> str:
         """The `model` llama-server's answers name: the first --alias (llama-server's), else the model's id."""
         aliases = self.settings.alias_names
         return aliases[0] if aliases else self.model_id
@@ -165,7 +165,7 @@ class InfillServing(Serving):
         result = completion_final(
             index, "" if streamed else content,
             [token.token for token in progress.sent] if body.return_tokens and not streamed else [],
-            model=self.answer_model,
+            model=self.first_alias,
             predicted=predicted, evaluated=prompt_tokens,
             settings=generation_settings(body, self.defaults, self.context_limit),
             prompt=prompts[generation.prompt_of_choice[index]], has_new_line="\n" in content,

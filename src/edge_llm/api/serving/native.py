@@ -77,7 +77,7 @@ class NativeServing(InfillServing):
                   "n_predict": defaults.max_tokens, "seed": self.settings.seed, "stream": False, "cache_prompt": True,
                   "samplers": ["top_k", "top_p", "min_p", "temperature"]}
         return props(n_ctx=self.context_limit, params=params, total_slots=self.settings.parallel,
-                     model_alias=self.answer_model, model_path=str(info.path),
+                     model_alias=self.first_alias, model_path=str(info.path),
                      chat_template=self.core.chat_template or info.chat_template or "",  # --chat-template first
                      bos_token=info.bos_text, eos_token=info.eos_text,
                      build_info=f"edge-llm {__version__}")
