@@ -52,8 +52,10 @@ OPERATIONS = [
     ("GET", "/v1/responses/{response_id}"),
     ("DELETE", "/v1/responses/{response_id}"),
     ("GET", "/v1/responses/{response_id}/input_items"),
+    ("POST", "/v1/responses/{response_id}/cancel"),
     ("POST", "/infill"),
     ("POST", "/completion"),
+    ("POST", "/apply-template"),
     ("GET", "/props"),
     ("POST", "/v1/embeddings"),
     ("POST", "/tokenize"),
@@ -82,7 +84,9 @@ INFILL_END = re.compile(rb'data: \{[^\n]*("stop": true|"error": )[^\n]*\}\n\n$')
 # The operations without a body have no negative case to generate (any string is a valid model or response id);
 # their negative side is test_wrong_methods_and_unknown_paths_get_the_envelope (and the positive cases'
 # random ids, which get 404 envelopes).
-WITH_INPUTS = [op for op in OPERATIONS if op[0] == "POST" or op == ("DELETE", "/api/delete")]
+WITHOUT_BODY = {("POST", "/v1/responses/{response_id}/cancel")}
+WITH_INPUTS = [op for op in OPERATIONS
+               if (op[0] == "POST" and op not in WITHOUT_BODY) or op == ("DELETE", "/api/delete")]
 
 
 @pytest.fixture(scope="module")
