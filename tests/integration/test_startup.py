@@ -4,6 +4,7 @@ a context that does not fit in memory, before any model is loaded."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -14,6 +15,7 @@ import pytest
 
 from edge_llm.models.fetch import DEFAULT_MODEL
 from edge_llm.testing.server import MODEL, RunningServer, environment, free_port, require_model, run_server
+from tests.helpers import wait_for
 from tests.server_pool import ServerWith
 
 DEFAULT_ID = DEFAULT_MODEL.filename.removesuffix(".gguf")
@@ -112,16 +114,40 @@ def test_a_missing_or_wrong_model_file(tmp_path: Path, content: bytes | None) ->
         assert "not a GGUF model file" in message
 
 
-def _context_switches(pid: int) -> int:
-    """Every thread's voluntary and involuntary context switches: each wake-up of a thread counts."""
-    total = 0
+# x86-64 and aarch64 system call numbers → the argument (0-based) that bounds the wait, and how: "ptr" is a
+# timeout pointer (NULL = no timeout), "ms" a timeout in milliseconds (-1 = none), "none" a call with no timeout.
+_WAITS: dict[str, dict[int, tuple[str, int, str]]] = {
+    "x86_64": {202: ("futex", 3, "ptr"), 232: ("epoll_wait", 3, "ms"), 281: ("epoll_pwait", 3, "ms"),
+               441: ("epoll_pwait2", 3, "ptr"), 7: ("poll", 2, "ms"), 271: ("ppoll", 2, "ptr"),
+               23: ("select", 4, "ptr"), 270: ("pselect6", 4, "ptr"), 0: ("read", 0, "none"),
+               45: ("recvfrom", 0, "none"), 43: ("accept", 0, "none"), 288: ("accept4", 0, "none"),
+               61: ("wait4", 0, "none"), 34: ("pause", 0, "none")},
+    "aarch64": {98: ("futex", 3, "ptr"), 22: ("epoll_pwait", 3, "ms"), 441: ("epoll_pwait2", 3, "ptr"),
+                73: ("ppoll", 2, "ptr"), 72: ("pselect6", 4, "ptr"), 63: ("read", 0, "none"),
+                207: ("recvfrom", 0, "none"), 202: ("accept", 0, "none"), 242: ("accept4", 0, "none"),
+                260: ("wait4", 0, "none")},
+}
+
+
+def _waits_with_a_timeout(pid: int) -> list[str]:
+    """Every thread of the process that is not blocked in a wait only an outside event can end (a request, a
+    signal): running, blocked elsewhere, or waiting with a timeout, i.e. a thread that will wake up by itself."""
+    waits = _WAITS[os.uname().machine]
+    awake = []
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            status = (task / "status").read_text()
-        except FileNotFoundError:  # a thread that ended meanwhile
+            name, fields = (task / "comm").read_text().strip(), (task / "syscall").read_text().split()
+        except (FileNotFoundError, ProcessLookupError):  # a thread that ended meanwhile
             continue
-        total += sum(int(line.split()[1]) for line in status.splitlines() if "ctxt_switches:" in line)
-    return total
+        call = waits.get(int(fields[0])) if fields[0].lstrip("-").isdigit() else None
+        if call is None:
+            awake.append(f"{task.name} {name}: {' '.join(fields[:1])}")
+            continue
+        call_name, argument, kind = call
+        value = int(fields[1 + argument], 16)
+        if (kind == "ptr" and value != 0) or (kind == "ms" and value & 0xFFFFFFFF != 0xFFFFFFFF):
+            awake.append(f"{task.name} {name}: {call_name} with a timeout ({fields[1 + argument]})")
+    return awake
 
 
 def test_the_load_is_a_metric_and_an_idle_server_does_not_wake_up(text_log_server: RunningServer) -> None:
@@ -133,8 +159,16 @@ def test_the_load_is_a_metric_and_an_idle_server_does_not_wake_up(text_log_serve
     total = next(line for line in metrics.splitlines()
                  if line.startswith(f'edge_llm_model_load_duration_seconds_sum{{model="{model}"}}'))
     assert float(total.split()[-1]) > 0
-    # No timer runs while nothing is asked: uvicorn's own loop would wake ~10 times a second (20 here). What is
-    # tested is a span of time in which nothing happens, so there is no event to wait for: the span is the test.
-    before = _context_switches(server.process.pid)
-    time.sleep(2)
-    assert _context_switches(server.process.pid) - before <= 4
+    # No timer runs while nothing is asked (uvicorn's own loop would wake ~10 times a second): once the request
+    # above is answered, every thread comes to rest in a wait without a timeout, which nothing but a new request
+    # or a signal ends. A timer of any length (an epoll_wait, a timed futex) keeps this from ever holding.
+    awake: list[str] = []
+
+    def every_thread_rests() -> bool:
+        awake[:] = _waits_with_a_timeout(server.process.pid)
+        return not awake
+
+    try:
+        wait_for(every_thread_rests, timeout=30, what="every thread of the idle server to rest without a timeout")
+    except AssertionError as error:
+        raise AssertionError(f"{error}; still awake: {awake}") from None
