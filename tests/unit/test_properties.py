@@ -183,8 +183,8 @@ op = st.one_of(
     st.tuples(st.just("clear_cache")) | st.tuples(st.just("flush")),
 )
 
-# batch_size >= parallel: with more sequences than batch slots the scheduler can lay out a batch larger than
-# batch_size (see the xfail test_batch_never_exceeds_batch_size_when_parallel_is_larger in test_scheduler.py).
+# batch_size >= parallel: the Scheduler refuses fewer batch slots than sequences (ValueError), since every running
+# sequence's decode token must fit in one batch.
 configs = st.integers(1, 4).flatmap(
     lambda parallel: st.fixed_dictionaries(
         {
