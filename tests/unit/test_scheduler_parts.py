@@ -1,0 +1,303 @@
+"""The scheduler's parts at their boundaries (engine/scheduling/: kv_book, sharing, admission's reserve_entry and
+reusable_length, chunk_moves, step_plan): the cases the driven scenarios of test_scheduler.py seldom reach, each at
+its exact limit and one past it. Pure, no model."""
+
+from __future__ import annotations
+
+from edge_llm.engine.scheduling.kv_book import KvBook
+from edge_llm.engine.scheduling.scheduler import Scheduler
+from edge_llm.engine.scheduling.sequence import Phase, Sequence
+from edge_llm.engine.scheduling.step_plan import KvCopy, KvRemove, KvShift, StepPlan
+
+from .scheduler_model import Driver
+
+
+def scheduler(n_ctx: int = 100, parallel: int = 2, cache_slots: int = 2, **kwargs) -> Scheduler:
+    return Scheduler(n_ctx=n_ctx, batch_size=16, parallel=parallel, cache_slots=cache_slots, **kwargs)
+
+
+# ---- kv_book ------------------------------------------------------------------------------------
+
+
+def test_a_prefix_copied_into_its_own_stream_is_charged_to_the_destination_and_freed_with_it() -> None:
+    book = KvBook(n_ctx=100, n_seq_max=3, stream_cells=30)
+    book.ledger.grow(0, 10)
+    dst = Sequence("d", list(range(12)), 4, seq_id=book.take_id() + 1, feed=list(range(12)))
+    book.share_prefix(0, dst, 8)
+    assert book.used == 18 and book.ledger.length(dst.seq_id) == 8
+    assert (dst.n_past, dst.kv_tokens, dst.cached_tokens) == (8, list(range(8)), 8)
+    book.release(dst.seq_id)
+    assert book.used == 10
+    assert book.take_all_ops() == [KvCopy(0, dst.seq_id, 8), KvRemove(dst.seq_id)]
+
+
+def test_a_shared_prefix_counts_as_cached_only_at_the_first_admission_and_only_the_prompt() -> None:
+    book = KvBook(n_ctx=100, n_seq_max=3, stream_cells=None)
+    book.ledger.grow(0, 20)
+    resumed = Sequence("r", [1] * 6, 10, seq_id=1, feed=[1] * 12, preemptions=1)
+    book.share_prefix(0, resumed, 10)
+    assert resumed.cached_tokens == 0 and resumed.n_past == 10
+    fresh = Sequence("f", [1] * 6, 10, seq_id=2, feed=[1] * 12)
+    book.share_prefix(0, fresh, 10)
+    assert fresh.cached_tokens == 6  # the prompt's positions only, not the output's
+    assert book.used == 20  # shared cells, counted once
+
+
+def test_ids_are_taken_lowest_first_and_a_released_id_goes_back_in_order() -> None:
+    book = KvBook(n_ctx=10, n_seq_max=4, stream_cells=None)
+    assert [book.take_id() for _ in range(3)] == [0, 1, 2]
+    book.release(1)
+    book.release(0, queue_removal=False)
+    book.release(-1)  # never admitted: nothing to release
+    assert book.free_ids == [0, 1, 3]
+    assert book.take_all_ops() == [KvRemove(1)]
+    assert book.sequence_context == 10 and book.free_cells == 10
+
+
+def test_ops_held_for_after_the_decode_go_first_in_the_next_step_but_not_between() -> None:
+    book = KvBook(n_ctx=10, n_seq_max=4, stream_cells=6)
+    assert book.sequence_context == 6
+    book.after_decode.append(KvRemove(3))
+    book.pending.append(KvRemove(2))
+    assert book.take_pending_ops() == [KvRemove(2)]
+    book.pending.append(KvRemove(1))
+    assert book.take_all_ops() == [KvRemove(3), KvRemove(1)]
+    assert book.take_all_ops() == [] and book.after_decode == []
+
+
+# ---- sharing ------------------------------------------------------------------------------------
+
+
+def test_a_leader_leaving_exactly_when_it_has_computed_the_shared_prefix_hands_it_over() -> None:
+    s = Scheduler(n_ctx=200, batch_size=12, parallel=2, cache_slots=0)
+    d = Driver(s)
+    leader = s.add("leader", list(range(1, 21)), 4)
+    follower = s.add("follower", list(range(1, 13)) + [99] * 8, 4)
+    d.step(finish_at_max=False)
+    assert follower.leader is leader and follower.shared == 12 and leader.n_past == 12
+    d.finish(leader, keep_in_cache=False)
+    assert follower.leader is None and follower.n_past == 12
+    assert d.flush_ops() == [KvCopy(leader.seq_id, follower.seq_id, 12), KvRemove(leader.seq_id)]
+    plan = d.step(finish_at_max=False)
+    assert plan.positions[0] == 12 and plan.prefilled_tokens == 8
+    d.check_invariants()
+
+
+def test_a_follower_takes_the_shared_prefix_in_the_step_after_the_leader_computed_exactly_that() -> None:
+    s = Scheduler(n_ctx=200, batch_size=12, parallel=2, cache_slots=0)
+    d = Driver(s)
+    leader = s.add("leader", list(range(1, 21)), 4)
+    follower = s.add("follower", list(range(1, 13)) + [99] * 8, 4)
+    d.step(finish_at_max=False)
+    assert leader.n_past == 12 and follower.leader is leader
+    plan = d.step(finish_at_max=False)
+    assert KvCopy(leader.seq_id, follower.seq_id, 12) in plan.kv_ops
+    assert [p for p, q in zip(plan.positions, plan.seq_ids) if q == follower.seq_id] == [12, 13, 14, 15]
+    d.check_invariants()
+
+
+def test_a_leader_leaving_before_the_shared_prefix_leaves_its_follower_to_prefill_alone() -> None:
+    s = Scheduler(n_ctx=200, batch_size=11, parallel=2, cache_slots=0)
+    d = Driver(s)
+    leader = s.add("leader", list(range(1, 21)), 4)
+    follower = s.add("follower", list(range(1, 13)) + [99] * 8, 4)
+    d.step(finish_at_max=False)
+    assert follower.leader is leader and leader.n_past == 11
+    d.finish(leader, keep_in_cache=False)
+    assert follower.leader is None and follower.n_past == 0
+    plan = d.step(finish_at_max=False)
+    assert plan.positions[:1] == [0]
+    d.check_invariants()
+
+
+def test_with_a_stream_per_sequence_a_prefix_taken_from_a_leader_counts_before_the_next_admission() -> None:
+    # The leader holds 20 cells; a follower copying all 20 into its own stream holds 20 more at once: a third
+    # prompt of 24 (with its next token and the running sequences' next ones, 28 cells) no longer fits in 64.
+    s = Scheduler(n_ctx=64, batch_size=64, parallel=3, cache_slots=0, stream_cells=32)
+    d = Driver(s)
+    leader = s.add("leader", list(range(1, 21)), 8)
+    d.step(finish_at_max=False)
+    assert leader.n_past == 20
+    follower = s.add("follower", leader.kv_tokens + [99], 4)
+    third = s.add("third", [7] * 24, 4)
+    plan = d.step(finish_at_max=False)
+    assert follower in plan.admitted and third not in plan.admitted
+    assert s.kv_cells_used == 20 + 1 + 20 + 1  # the leader's next token; the follower's copy and its last token
+    d.check_invariants()
+
+
+def test_the_leader_is_the_running_sequence_sharing_the_longest_prefix_of_at_least_eight() -> None:
+    s = scheduler(n_ctx=400, parallel=4, cache_slots=0)
+    d = Driver(s)
+    short = s.add("short", list(range(1, 9)) + [50] * 10, 4)
+    long = s.add("long", list(range(1, 11)) + [60] * 10, 4)
+    d.step(finish_at_max=False)
+    head = s.add("head", list(range(1, 11)) + [70] * 5, 4)
+    assert s.sharing.best_leader(head) == (long, 10)
+    seven = s.add("seven", list(range(1, 8)) + [80] * 5, 4)
+    assert s.sharing.best_leader(seven) is None
+    eight = s.add("eight", list(range(1, 9)) + [80] * 5, 4)
+    assert s.sharing.best_leader(eight) == (short, 8)  # a tie: the oldest, the last a preemption would take
+    whole = s.add("whole", list(range(1, 11)), 4)
+    assert s.sharing.best_leader(whole) == (long, 9)  # its last token is decoded again: its logits
+    assert short.phase is not Phase.WAITING
+
+
+# ---- admission: reserve_entry, reusable_length ----------------------------------------------------------------
+
+
+def test_reserve_entry_needs_a_cache_and_an_entry_that_fits_one_sequence() -> None:
+    head = Sequence("h", list(range(10)), 5, feed=list(range(10)))
+    assert scheduler(cache_slots=0).reserve_entry(head, 10, 6) is None
+    assert scheduler().reserve_entry(head, 0, 0) is None
+    assert scheduler().reserve_entry(head, -1, 0) is None
+    streams = scheduler(n_ctx=400, stream_cells=40)
+    assert streams.reserve_entry(head, 41, 6) is None
+    assert streams.reserve_entry(head, 40, 6) == 0
+
+
+def test_reserve_entry_keeps_room_for_the_head_exactly() -> None:
+    # The head computes 10 - 6 of its feed and one token: 5 cells; the entry's 95 fill the context exactly.
+    head = Sequence("h", list(range(10)), 5, feed=list(range(10)))
+    assert scheduler().reserve_entry(head, 96, 6) is None
+    s = scheduler()
+    assert s.reserve_entry(head, 95, 6) == 0
+    assert s.reserve_entry(head, 95, 6) == 1  # reserved ids are not free (the cells come with adopt_entry)
+    assert s.reserve_entry(head, 1, 6) == 2
+    assert s.reserve_entry(head, 1, 6) == 3
+    assert s.reserve_entry(head, 1, 6) is None  # no id left
+
+
+def test_reserve_entry_counts_running_sequences_their_prompts_to_come_and_a_preempted_heads_margin() -> None:
+    s = scheduler(max_preemptions=2)
+    d = Driver(s)
+    running = s.add("a", [7] * 40, 10)
+    d.step(finish_at_max=False)  # 16 of its 40 prompt tokens computed, 24 to come
+    assert running.n_past == 16 and running.phase is Phase.PREFILL
+    head = Sequence("h", list(range(10)), 5, feed=list(range(10)))
+    # 16 used, 24 to come, 1 decode token per running sequence, 5 for the head: 54 cells left for the entry.
+    assert s.reserve_entry(head, 55, 6) is None
+    assert s.reserve_entry(head, 54, 6) == 1
+    s.release_entry(1)
+    head.preemptions = 1  # a preempted head keeps RESUME_STEPS (16) decode tokens per running sequence
+    assert s.reserve_entry(head, 40, 6) is None
+    assert s.reserve_entry(head, 39, 6) == 1
+    s.release_entry(1)
+    head.preemptions = 2  # pinned: room for its whole answer, 15 - 6
+    assert s.reserve_entry(head, 36, 6) is None
+    assert s.reserve_entry(head, 35, 6) == 1
+
+
+def test_reserve_entry_evicts_the_oldest_entries_only_when_that_makes_room() -> None:
+    s = scheduler(n_ctx=100, parallel=1, cache_slots=2)
+    head = Sequence("h", list(range(10)), 5, feed=list(range(10)))
+    for tokens in ((1,) * 30, (2,) * 30):
+        seq_id = s.reserve_entry(head, len(tokens), 0)
+        assert seq_id is not None
+        s.adopt_entry(seq_id, tokens)
+    assert list(s.cache) == [0, 1] and s.kv_cells_used == 60
+    # both slots taken: the oldest goes, the newer one stays as 30 + 59 + 11 = 100 fit
+    assert s.reserve_entry(head, 59, 0) == 0
+    assert list(s.cache) == [1] and sum(s.evictions.values()) == 1
+    s.release_entry(0)
+    # 30 + 60 + 11 > 100: the last entry goes too
+    assert s.reserve_entry(head, 60, 0) == 0
+    assert list(s.cache) == [] and sum(s.evictions.values()) == 2
+
+
+def test_reserve_entry_makes_the_entry_a_slot_before_it_is_loaded() -> None:
+    s = scheduler(n_ctx=1000, parallel=1, cache_slots=2)
+    head = Sequence("h", list(range(10)), 5, feed=list(range(10)))
+    for tokens in ((1,) * 10, (2,) * 10):
+        seq_id = s.reserve_entry(head, len(tokens), 0)
+        assert seq_id is not None
+        s.adopt_entry(seq_id, tokens)
+    assert s.kv.free_ids == [2]
+    # room for every cell and a free id, but both slots are taken: the least recently used entry goes now
+    assert s.reserve_entry(head, 10, 0) == 0
+    assert list(s.cache) == [1]
+
+
+def test_reserve_entry_evicts_nothing_when_running_sequences_alone_leave_no_room() -> None:
+    s = scheduler(n_ctx=100, parallel=1, cache_slots=2)
+    d = Driver(s)
+    entry = s.reserve_entry(Sequence("h", [1], 1, feed=[1]), 10, 0)
+    assert entry is not None
+    s.adopt_entry(entry, (3,) * 10)
+    running = s.add("a", [7] * 60, 10)
+    d.step(finish_at_max=False)
+    assert running.n_past == 16
+    head = Sequence("h", list(range(10)), 5, feed=list(range(10)))
+    # 16 + 44 to come + 1 + 11 = 72: an entry of 28 fits once the cached one is gone, 29 never does
+    assert s.reserve_entry(head, 29, 0) is None
+    assert list(s.cache) == [entry]
+    assert s.reserve_entry(head, 28, 0) is not None
+    assert list(s.cache) == [] and s.evictions["kv_cells"] == 1  # (an id was free: cells were missing)
+
+
+def test_reserve_entry_frees_an_id_held_by_an_entry_when_none_is_free() -> None:
+    s = scheduler(n_ctx=1000, parallel=1, cache_slots=1)
+    d = Driver(s)
+    d.s.add("a", [5] * 10, 3)
+    d.run()
+    assert list(s.cache) == [0]
+    running = s.add("b", [6] * 10, 30)
+    d.step(finish_at_max=False)
+    assert running.seq_id == 1 and not s.kv.free_ids
+    head = Sequence("h", list(range(10)), 5, feed=list(range(10)))
+    assert s.reserve_entry(head, 10, 0) == 0
+    assert list(s.cache) == [] and s.evictions["cache_slots"] == 1
+
+
+def test_reusable_length_is_the_longer_of_the_cached_prefix_and_the_leaders() -> None:
+    s = scheduler(n_ctx=400, parallel=2, cache_slots=2)
+    d = Driver(s)
+    s.add("cached", list(range(1, 13)) + [40] * 4, 2)
+    d.run()
+    assert s.reusable_length(Sequence("x", [9] * 5, 2, feed=[9] * 5)) == 0
+    head = Sequence("h", list(range(1, 13)) + [41] * 4, 2, feed=list(range(1, 13)) + [41] * 4)
+    assert s.reusable_length(head) == 12
+    s.add("leader", list(range(1, 16)) + [42] * 4, 4)
+    d.step(finish_at_max=False)
+    longer = Sequence("l", list(range(1, 16)) + [43] * 4, 2, feed=list(range(1, 16)) + [43] * 4)
+    assert s.reusable_length(longer) == 15
+    assert s.reusable_length(head) == 12
+    alone = Sequence("a", list(range(1, 16)) + [43] * 4, 2, feed=list(range(1, 16)) + [43] * 4, use_cache=False)
+    assert s.reusable_length(alone) == 0
+
+
+# ---- step_plan ------------------------------------------------------------------------------------
+
+
+def test_a_step_plan_lays_out_rows_in_order_and_is_empty_without_tokens() -> None:
+    plan = StepPlan()
+    assert plan.empty
+    assert plan.add(5, 0, 2, False) == 0
+    assert plan.add(6, 1, 2, True) == 1
+    assert not plan.empty
+    assert (plan.tokens, plan.positions, plan.seq_ids, plan.logits) == ([5, 6], [0, 1], [2, 2], [False, True])
+    assert plan.undoable and plan.prefilled_tokens == 0
+    assert KvCopy(1, 2, 3) == KvCopy(1, 2, end=3, start=0)
+
+
+# ---- chunk_moves ----------------------------------------------------------------------------------
+
+FILE_HEAD, FILE_TAIL = list(range(100, 140)), list(range(200, 260))
+
+
+def test_a_chunk_found_again_at_its_own_positions_is_reused_without_a_shift_and_counts_as_not_moved() -> None:
+    s = Scheduler(n_ctx=400, batch_size=64, parallel=2, cache_slots=2)
+    d = Driver(s)
+    first = s.add("before", FILE_HEAD + [7, 8] + FILE_TAIL + [9], 3, reuse_min=16)
+    d.run()
+    edited = FILE_HEAD + [7, 50] + FILE_TAIL + [9]  # one token replaced: the rest stays where it was
+    after = s.add("after", edited, 3, reuse_min=16)
+    d.step(finish_at_max=False)
+    assert after.seq_id == first.seq_id
+    assert after.cached_tokens == 41 + 60 and after.moved_tokens == 0
+    ops = d.plans[-1].kv_ops + s.kv.after_decode
+    assert not any(isinstance(op, KvShift) for op in ops)
+    assert KvCopy(ops[0].dst_seq, first.seq_id, start=42, end=102) in ops
+    d.check_invariants()
+    d.run()
+    assert d.output["after"] == [1000, 1001, 1002]
