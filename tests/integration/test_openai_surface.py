@@ -47,6 +47,52 @@ def test_text_completion_with_several_prompts_and_echo(client: openai.OpenAI, mo
         assert choice.text.startswith(prompt) and len(choice.text) > len(prompt)
 
 
+def test_token_id_prompts_answer_as_their_text(repeatable_client: openai.OpenAI, repeatable_server: RunningServer,
+                                               model_id: str) -> None:
+    """OpenAI's `prompt: list[int]` (the ids of the text): under greedy decoding the same answer as the text."""
+    text = "def add(a, b):"
+    ids = httpx.post(repeatable_server.url + "/tokenize", json={"content": text}, timeout=60).json()["tokens"]
+    ask = {"model": model_id, "max_tokens": 8, "temperature": 0}
+    by_text = repeatable_client.completions.create(prompt=text, **ask)
+    by_ids = repeatable_client.completions.create(prompt=ids, echo=True, **ask)
+    assert by_ids.choices[0].text == text + by_text.choices[0].text
+    assert by_ids.usage is not None and by_ids.usage.prompt_tokens == len(ids)
+
+
+def test_several_token_id_prompts_give_a_choice_each_indexed_prompt_by_n(client: openai.OpenAI, server: RunningServer,
+                                                                          model_id: str) -> None:
+    """`prompt: list[list[int]]` with n: choice index = prompt position × n + j, as OpenAI numbers them; streamed
+    interleaved with the same indices."""
+    texts = ["The capital of France is", "def square(x):"]
+    ids = [httpx.post(server.url + "/tokenize", json={"content": t}, timeout=60).json()["tokens"] for t in texts]
+    ask = {"model": model_id, "prompt": ids, "n": 2, "max_tokens": 6, "temperature": 0.8, "echo": True}
+    whole = client.completions.create(**ask)
+    assert [c.index for c in whole.choices] == [0, 1, 2, 3]
+    for choice in whole.choices:
+        assert choice.text.startswith(texts[choice.index // 2]) and choice.finish_reason in ("stop", "length")
+    streamed: dict[int, str] = {}
+    finished: set[int] = set()
+    for chunk in client.completions.create(stream=True, **ask):
+        for choice in chunk.choices:
+            streamed[choice.index] = streamed.get(choice.index, "") + choice.text
+            if choice.finish_reason:
+                finished.add(choice.index)
+    assert sorted(streamed) == [0, 1, 2, 3] and finished == {0, 1, 2, 3}
+    assert all(streamed[index].startswith(texts[index // 2]) for index in streamed)
+
+
+@pytest.mark.parametrize(("prompt", "param"), [
+    ([1, 10**9], "prompt.1"), ([-1], "prompt.0"), ([[9707], [9707, 10**12]], "prompt.1.1"), ([], "prompt"),
+    ([[]], "prompt"), (["Hi", ""], "prompt"), ([[9707]] * 17, "prompt"), ([True], "prompt"), ([1.5], "prompt"),
+])
+def test_unreadable_prompts_are_a_400_naming_the_prompt(client: openai.OpenAI, model_id: str, prompt: Any,
+                                                        param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=model_id, prompt=prompt, max_tokens=2)
+    error = refused.value.body
+    assert isinstance(error, dict) and error["param"] == param, error
+
+
 # ---- stop, seed, n ------------------------------------------------------------------------------
 
 

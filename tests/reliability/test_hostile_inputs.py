@@ -286,8 +286,9 @@ def test_a_body_that_is_not_an_object_is_400(server: RunningServer) -> None:
 def test_huge_n_is_refused_and_the_largest_n_is_bounded(server: RunningServer) -> None:
     for n in (9, 1000, 10 ** 9, 2 ** 63):
         assert_error(chat(server, {"messages": MESSAGES, "n": n}), 400, "invalid_value", "n")
-    assert_error(chat(server, {"prompt": ["a"] * 9}, COMPLETIONS), 400, "invalid_value", "prompt")
-    assert_error(chat(server, {"prompt": ["a", "b"], "n": 5}, COMPLETIONS), 400, "invalid_value")
+    assert_error(chat(server, {"prompt": ["a"] * 17}, COMPLETIONS), 400, "invalid_value", "prompt")
+    assert_error(chat(server, {"prompt": [[1]] * 17}, COMPLETIONS), 400, "invalid_value", "prompt")
+    assert_error(chat(server, {"prompt": ["a"] * 4, "n": 5}, COMPLETIONS), 400, "invalid_value")
     largest = chat(server, {"messages": MESSAGES, "n": 8, "max_tokens": 10 ** 9, "temperature": 1})
     assert largest.status_code == 200, largest.text
     choices = largest.json()["choices"]

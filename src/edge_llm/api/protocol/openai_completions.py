@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, field_validator, model_validator
 
 from edge_llm.api.protocol.common import SamplingDefaults
+from edge_llm.api.protocol.llama_server import MAX_PROMPTS, Prompt, split_prompts
 from edge_llm.api.protocol.openai import MAX_CHOICES, MAX_TOP_LOGPROBS, GenerationFields
 
 
 class CompletionRequest(GenerationFields):
-    """The legacy text completion: the prompt is raw text, no chat template."""
+    """The legacy text completion: the prompt is raw text, no chat template. `prompt` takes OpenAI's shapes (a
+    string, a list of strings, token ids, a list of token-id lists) and, as llama-server's /v1/completions does,
+    text and ids mixed; it is read into `prompts` the way /completion reads its prompt (split_prompts)."""
 
-    prompt: str | list[str] = Field(min_length=1)
+    prompt: Any = Field(description="a string, a list of strings, token ids, or a list of token-id lists")
     suffix: str | None = None  # text after the insertion point: fill-in-the-middle with the model's FIM tokens
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
@@ -19,25 +24,20 @@ class CompletionRequest(GenerationFields):
 
     @field_validator("prompt")
     @classmethod
-    def _prompts_not_empty(cls, value: str | list[str]) -> str | list[str]:
-        prompts = [value] if isinstance(value, str) else value
-        if any(not p for p in prompts):
-            raise ValueError("prompts must not be empty")
-        if len(prompts) > MAX_CHOICES:
-            raise ValueError(f"at most {MAX_CHOICES} prompts per request")
-        return value
+    def _prompts(cls, value: Any) -> list[Prompt]:
+        return split_prompts(value)
 
     @model_validator(mode="after")
     def _check_unsupported(self) -> CompletionRequest:
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of other than n is not supported")
-        if len(self.prompts) * self.n > MAX_CHOICES:
-            raise ValueError(f"prompts × n must be at most {MAX_CHOICES}")
+        if len(self.prompts) * self.n > MAX_PROMPTS:
+            raise ValueError(f"prompts × n must be at most {MAX_PROMPTS}")
         return self
 
     @property
-    def prompts(self) -> list[str]:
-        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+    def prompts(self) -> list[Prompt]:
+        return self.prompt  # type: ignore[no-any-return]  # split_prompts made it a list of prompts
 
     def requested_max_tokens(self, defaults: SamplingDefaults) -> int | None:
         if self.max_tokens:

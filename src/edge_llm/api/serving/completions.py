@@ -1,6 +1,7 @@
-"""POST /v1/completions, OpenAI's legacy text completion: the prompt is raw text (no chat template), one or
-several prompts, `echo`, and the legacy logprobs shape. With `suffix` (an insertion, as Continue and other editor
-plugins send it), each prompt is the text before the cursor, laid out with the model's FIM tokens."""
+"""POST /v1/completions, OpenAI's legacy text completion: the prompt is raw text or token ids (no chat template),
+one or several prompts (read as /completion reads them: serving/raw_prompts.py), `echo`, and the legacy logprobs
+shape. With `suffix` (an insertion, as Continue and other editor plugins send it), each prompt is the text before
+the cursor, laid out with the model's FIM tokens."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from edge_llm.api.protocol.openai_completions import CompletionRequest
 from edge_llm.api.protocol.openai_answers import StreamHead, completion_chunk, new_completion_id
 from edge_llm.api.request_context import request_context
+from edge_llm.api.serving import raw_prompts
 from edge_llm.api.serving.base import Serving
 from edge_llm.api.serving.outcome import ChoiceResult, Generation, error_body, piece_text
 from edge_llm.api.sse import encode_json_event
@@ -33,11 +35,14 @@ class CompletionServing(Serving):
         if completion.suffix is not None:
             fim = self.fim_tokens("suffix")
             budget = completion.requested_max_tokens(self.defaults) or self.defaults.max_tokens
+            texts = await raw_prompts.texts(self, context, completion.prompts)  # the text before the cursor
             prompts = [await self.off_loop(context, lambda parts=cursor_line_split(text): infill_prompt(
                 self.plain_tokens, fim, prefix=parts[0], prompt=parts[1], suffix=completion.suffix or "",
-                n_predict=budget, n_ctx=self.context_limit, bos=self.bos_token())) for text in completion.prompts]
+                n_predict=budget, n_ctx=self.context_limit, bos=self.bos_token())) for text in texts]
         else:
-            prompts = [await self.off_loop(context, self._tokenize_raw, text) for text in completion.prompts]
+            prompts = await raw_prompts.tokenized(self, context, completion.prompts)
+            texts = await raw_prompts.texts(self, context, completion.prompts, prompts) if completion.echo else []
+        echo = texts if completion.echo else [""] * len(prompts)
         generation = self.start(
             context,
             prompts,
@@ -50,16 +55,10 @@ class CompletionServing(Serving):
             speculative=completion.speculative,
             fill_in_the_middle=completion.suffix is not None,
         )
-        echo = [text if completion.echo else "" for text in completion.prompts]
         if completion.stream:
             return self.stream(generation, self._completion_chunks(generation, echo, completion.include_usage))
         results = await self.collect(request, generation)
         return JSONResponse(self._completion_body(generation, results, echo), headers=self.headers(generation))
-
-    def _tokenize_raw(self, text: str) -> list[int]:
-        """The prompt as the model's text, control tokens included (runs in the tokenizer thread)."""
-        self.check_prompt_bytes(len(text.encode("utf-8", errors="replace")))
-        return self.engine.tokenize(text, add_special=True, parse_special=True)
 
     def _completion_body(self, generation: Generation, results: list[ChoiceResult], echo: list[str]
                          ) -> dict[str, Any]:

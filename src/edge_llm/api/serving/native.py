@@ -16,10 +16,11 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from edge_llm import __version__
-from edge_llm.api.protocol.llama_server import NativeCompletionRequest, Prompt
+from edge_llm.api.protocol.llama_server import NativeCompletionRequest
 from edge_llm.api.protocol.llama_server_answers import Props, applied_template, props
 from edge_llm.api.protocol.openai_chat import ChatCompletionRequest
 from edge_llm.api.request_context import request_context
+from edge_llm.api.serving import raw_prompts
 from edge_llm.api.serving.outcome import engine_unavailable
 from edge_llm.api.serving.infill import InfillServing
 from edge_llm.engine.types import EngineUnavailableError
@@ -32,31 +33,13 @@ class NativeServing(InfillServing):
         context = request_context(request)
         body = await self.read(request, NativeCompletionRequest)
         grammar = await self.off_loop(context, self.grammars.native, body)
-        several = len(body.prompts) > 1
-        prompts = [await self.off_loop(context, self._prompt_tokens, pieces, f"prompt.{index}." if several
-                                       else "prompt.") for index, pieces in enumerate(body.prompts)]
+        prompts = await raw_prompts.tokenized(self, context, body.prompts)
         generation = self.start(context, prompts, n=1, max_tokens=body.requested_max_tokens(),
                                 sampling=lambda _: body.sampling_params(self.defaults, grammar),
                                 stop=tuple(body.stop), logprobs=body.logprobs, cache_prompt=body.cache_prompt,
                                 speculative=body.speculative)
-        texts = [pieces[0] if len(pieces) == 1 and isinstance(pieces[0], str)
-                 else await self.off_loop(context, self.engine.detokenize, tokens)
-                 for pieces, tokens in zip(body.prompts, prompts)]
+        texts = await raw_prompts.texts(self, context, body.prompts, prompts)
         return await self.answer(request, generation, body, texts)
-
-    def _prompt_tokens(self, pieces: Prompt, param: str) -> list[int]:
-        """llama-server's tokenize_mixed: pieces of text (control-token spellings read as the tokens, the caller's
-        intent on this raw route) and token ids, in order; the model's BOS before the first piece of text."""
-        self.check_prompt_bytes(sum(len(piece.encode("utf-8", errors="replace")) for piece in pieces
-                                    if isinstance(piece, str)))
-        tokens: list[int] = []
-        for index, piece in enumerate(pieces):
-            if isinstance(piece, str):
-                tokens.extend(self.engine.tokenize(piece, add_special=index == 0, parse_special=True))
-            else:
-                self.check_token_ids([piece], f"{param}{index}")
-                tokens.append(piece)
-        return tokens
 
     async def apply_template(self, request: Request) -> JSONResponse:
         """llama-server's /apply-template: the chat body's messages (and tools) through the model's chat template,
