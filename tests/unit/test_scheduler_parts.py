@@ -7,7 +7,7 @@ from __future__ import annotations
 from edge_llm.engine.scheduling.kv_book import KvBook
 from edge_llm.engine.scheduling.scheduler import Scheduler
 from edge_llm.engine.scheduling.sequence import Phase, Sequence
-from edge_llm.engine.scheduling.step_plan import KvCopy, KvRemove, KvShift, StepPlan
+from edge_llm.engine.scheduling.step_plan import KvCopy, KvRemove, KvShift, KvTrim, StepPlan
 
 from .scheduler_model import Driver
 
@@ -301,3 +301,146 @@ def test_a_chunk_found_again_at_its_own_positions_is_reused_without_a_shift_and_
     d.check_invariants()
     d.run()
     assert d.output["after"] == [1000, 1001, 1002]
+
+
+def test_a_sequence_leaving_before_its_prefill_reaches_its_moved_chunk_frees_the_chunks_holder() -> None:
+    s = Scheduler(n_ctx=400, batch_size=2, parallel=2, cache_slots=2)
+    d = Driver(s)
+    s.add("before", FILE_HEAD + [7, 8] + FILE_TAIL + [9], 1, reuse_min=16)
+    d.run()
+    after = s.add("after", FILE_HEAD + [7, 8, 50, 51, 52] + FILE_TAIL + [9], 3, reuse_min=16)
+    plan = d.step(finish_at_max=False)
+    assert after.moved is not None and after.n_past == 44  # two of the three typed tokens: the chunk still waits
+    holder = after.moved.holder
+    assert plan.kv_ops[0] == KvCopy(after.seq_id, holder, start=42, end=102)
+    d.finish(after, keep_in_cache=False)
+    assert after.moved is None
+    assert KvRemove(holder) in d.flush_ops()
+    assert s.kv_cells_used == 0 and holder in s.kv.free_ids
+    d.check_invariants()
+
+
+def test_a_deleted_span_moves_the_rest_into_place_before_the_first_decode() -> None:
+    s = Scheduler(n_ctx=400, batch_size=64, parallel=2, cache_slots=2)
+    d = Driver(s)
+    first = s.add("before", FILE_HEAD + [7, 8] + FILE_TAIL + [9], 1, reuse_min=16)
+    d.run()
+    after = s.add("after", FILE_HEAD + FILE_TAIL + [9], 3, reuse_min=16)  # the two tokens deleted
+    plan = d.step(finish_at_max=False)
+    holder = plan.kv_ops[0].dst_seq
+    assert plan.kv_ops == [KvCopy(first.seq_id, holder, start=42, end=102), KvTrim(first.seq_id, 40),
+                           KvShift(holder, 42, 102, -2), KvCopy(holder, first.seq_id, start=40, end=100),
+                           KvRemove(holder)]
+    assert after.moved is None and after.cached_tokens == 100 and after.moved_tokens == 60
+    assert plan.undoable and plan.prefilled_tokens == 0  # the last prompt token is decoded: nothing to prefill
+    d.check_invariants()
+    d.run()
+    assert d.output["after"] == [1000, 1001, 1002]
+
+
+# ---- admission ----------------------------------------------------------------------------------
+
+
+def test_no_more_sequences_run_than_parallel_even_with_ids_to_spare() -> None:
+    s = Scheduler(n_ctx=400, batch_size=16, parallel=1, cache_slots=2)
+    d = Driver(s)
+    a, b = s.add("a", [1] * 5, 3), s.add("b", [2] * 5, 3)
+    plan = d.step(finish_at_max=False)
+    assert plan.admitted == [a] and list(s.waiting) == [b] and len(s.kv.free_ids) == 2
+
+
+def test_a_request_that_does_not_use_the_cache_takes_no_prefix_from_it() -> None:
+    s = Scheduler(n_ctx=400, batch_size=64, parallel=2, cache_slots=2)
+    d = Driver(s)
+    s.add("a", list(range(1, 21)), 2)
+    d.run()
+    assert len(s.cache) == 1
+    b = s.add("b", list(range(1, 21)) + [5], 2, use_cache=False)
+    plan = d.step(finish_at_max=False)
+    assert plan.admitted == [b] and b.cached_tokens == 0 and plan.prefilled_tokens == 21
+    assert not any(isinstance(op, KvCopy) for op in plan.kv_ops)
+    d.check_invariants()
+
+
+def test_a_head_following_a_leader_counts_the_cached_entry_whole_even_when_a_chunk_of_it_could_move() -> None:
+    # The entry could give the head its first 42 tokens and a moved chunk of 60, but the running leader shares 43:
+    # the head follows the leader and the entry stays whole, so its cells are not room for the head (counting them
+    # as freed by a move that is not made would admit the head with too few free cells to prefill).
+    s = Scheduler(n_ctx=200, batch_size=128, parallel=2, cache_slots=2)
+    d = Driver(s)
+    s.add("before", FILE_HEAD + [7, 8] + FILE_TAIL + [9], 1)
+    d.run()
+    leader = s.add("leader", FILE_HEAD + [7, 8, 50] + FILE_TAIL + [9], 50)
+    d.step(finish_at_max=False)
+    assert s.kv_cells_used == 103 + 62
+    head = s.add("head", FILE_HEAD + [7, 8, 50, 51] + FILE_TAIL + [9], 3, reuse_min=16)
+    plan = d.step(finish_at_max=False)
+    assert plan.admitted == [head] and head.leader is None and head.cached_tokens == 43
+    assert not s.cache and plan.prefilled_tokens == 105 - 43  # the entry made room; the whole rest computed
+    assert leader.phase is Phase.DECODE
+    d.check_invariants()
+
+
+def test_when_keeping_the_matched_entry_leaves_no_room_the_head_takes_what_the_entries_left_give() -> None:
+    prefix = list(range(1, 11))
+    s = Scheduler(n_ctx=72, batch_size=64, parallel=2, cache_slots=2)
+    d = Driver(s)
+    small = s.add("small", prefix + [88] * 5, 1)
+    d.run()
+    big = s.add("big", prefix + [77] * 55, 1)  # its first 10 cells shared with the small entry
+    d.run()
+    touch = s.add("touch", prefix + [99], 1)  # takes the small entry's prefix: the big entry is now the oldest
+    d.step(finish_at_max=False)
+    d.finish(touch, keep_in_cache=False)
+    assert list(s.cache) == [big.seq_id, small.seq_id] and s.kv_cells_used == 70
+    # 35 from the big entry would leave 8 cells to compute in 72 - 65; without it the head computes 43, which fit
+    # beside the small entry alone: the big one goes, and the head still takes the small one's 10
+    head = s.add("head", prefix + [77] * 25 + [5] * 7, 1)
+    plan = d.step(finish_at_max=False)
+    assert plan.admitted == [head] and list(s.cache) == [small.seq_id]
+    assert head.cached_tokens == 10 and KvCopy(small.seq_id, head.seq_id, 10) in plan.kv_ops
+    d.check_invariants()
+
+
+def test_a_cached_prefix_as_long_as_a_leaders_is_taken_from_the_cache() -> None:
+    prefix = list(range(1, 21))
+    s = Scheduler(n_ctx=400, batch_size=64, parallel=3, cache_slots=2)
+    d = Driver(s)
+    entry = s.add("entry", prefix + [1], 1)
+    d.run()
+    leader = s.add("leader", prefix + [2] * 30, 10)
+    d.step(finish_at_max=False)
+    head = s.add("head", prefix + [3] * 5, 2)
+    plan = d.step(finish_at_max=False)
+    assert plan.admitted == [head] and head.leader is None
+    assert KvCopy(entry.seq_id, head.seq_id, 20) in plan.kv_ops and leader.phase is Phase.DECODE
+    d.check_invariants()
+
+
+def test_a_head_that_fits_only_with_the_prefix_its_leader_shares_is_admitted() -> None:
+    s = Scheduler(n_ctx=60, batch_size=64, parallel=2, cache_slots=0)
+    d = Driver(s)
+    leader = s.add("leader", list(range(1, 41)), 10)
+    d.step(finish_at_max=False)
+    head = s.add("head", list(range(1, 41)) + [5] * 5, 2)  # 40 + 1 held, 6 to compute and 1 for the leader
+    plan = d.step(finish_at_max=False)
+    assert plan.admitted == [head] and head.cached_tokens == 40 and leader.phase is Phase.DECODE
+    d.check_invariants()
+
+
+def test_a_take_over_counts_its_moved_chunk_and_evicts_other_entries_for_it() -> None:
+    s = Scheduler(n_ctx=155, batch_size=128, parallel=2, cache_slots=2)
+    d = Driver(s)
+    entry = s.add("before", FILE_HEAD + [7, 8] + FILE_TAIL + [9], 1)
+    d.run()
+    other = s.add("other", [3] * 50, 1)
+    d.run()
+    assert s.kv_cells_used == 103 + 50
+    # the take-over counts the entry's first 42 cells, its chunk of 60 held apart, and 5 cells the head computes:
+    # 107, and the other entry's 50 are 2 over the 155: it goes
+    head = s.add("head", FILE_HEAD + [7, 8, 50, 51, 52] + FILE_TAIL + [9], 2, reuse_min=16)
+    plan = d.step(finish_at_max=False)
+    assert plan.admitted == [head] and head.seq_id == entry.seq_id and head.cached_tokens == 102
+    assert other.seq_id not in s.cache and s.evictions["kv_cells"] == 1
+    d.check_invariants()
+    d.run()
