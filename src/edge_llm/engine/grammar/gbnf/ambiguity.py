@@ -70,7 +70,13 @@ class _Walker:
         self.current = ""
         self._advanced: dict[Stack, tuple[Stack, ...]] = {}
         self.stacks = _Stacks()
-        self._matched: dict[tuple[CharSet, int], bool] = {}
+        self._sets: list[CharSet] = []
+        self._set_numbers: dict[CharSet, int] = {}
+        self._top_sets: dict[Stack, int] = {}
+        self._groups: dict[tuple[int, ...], list[tuple[tuple[int, ...], list[int]]]] = {}
+        self._going_on: dict[tuple[Prefix, tuple[int, ...], int], tuple[int, Prefix] | None] = {}
+        self._following: dict[Stack, tuple[Stack, ...]] = {}
+        self._taken: dict[tuple[int, int], bool] = {}
 
     # ---- llama.cpp's stack machine -----------------------------------------------------------------
 
@@ -173,12 +179,57 @@ class _Walker:
                 prefix: Prefix) -> tuple[int, Prefix] | None:
         """The character, among those that go on in some token, after which the most walks go on (the lowest
         code point on a tie)."""
-        tops = [(chars, count * fanout[stack]) for stack, count in live.items()
-                if (chars := self.top_chars(stack)) is not None]
+        weights: dict[int, int] = {}  # walks by the character set on top (interned)
+        top_set = self._top_set
+        for stack, count in live.items():
+            chars = top_set(stack)
+            if chars >= 0:
+                weights[chars] = weights.get(chars, 0) + count * fanout[stack]
+        if not weights:
+            return None
+        sets = tuple(weights)
+        groups = self._groups.get(sets)
+        if groups is None:
+            groups = self._groups[sets] = self._group_candidates(sets)
+        # The walks after each group of characters (those matched by the same sets), most first; in the first
+        # group (or groups, on a tie) with a character that goes on in a token, the lowest such character wins.
+        ranked: dict[int, list[int]] = {}
+        for position, (matched, _) in enumerate(groups):
+            walks = sum(weights[sets[index]] for index in matched)
+            if walks:
+                ranked.setdefault(walks, []).append(position)
+        self._spend(len(groups) + 1)
+        for walks in sorted(ranked, reverse=True):
+            found = [chosen for position in ranked[walks]
+                     if (chosen := self._first_going_on(prefix, sets, position, groups[position][1])) is not None]
+            if found:
+                return min(found)
+        return None
+
+    def _first_going_on(self, prefix: Prefix, sets: tuple[int, ...], position: int,
+                        codes: list[int]) -> tuple[int, Prefix] | None:
+        """The lowest of `codes` (group `position` of the candidates for `sets`) that goes on in a token after
+        `prefix`, with the prefix it makes; once per check."""
+        key = (prefix, sets, position)
+        if key in self._going_on:
+            return self._going_on[key]
+        found = None
+        for code in codes:
+            self._spend(1)
+            extended = self.tokens.extend(prefix, code)
+            if extended is not None:
+                found = (code, extended)
+                break
+        self._going_on[key] = found
+        return found
+
+    def _group_candidates(self, sets: tuple[int, ...]) -> list[tuple[tuple[int, ...], list[int]]]:
+        """The characters worth trying against the character sets `sets` (a narrow range whole, the ends and the
+        probes of a wide one, the probes outside a negated one), grouped by the sets that match them."""
         candidates: set[int] = set()
-        for negated, ranges in {chars for chars, _ in tops}:
+        for negated, ranges in (self._sets[index] for index in sets):
             if negated:
-                candidates.update(probe for probe in _PROBES if not self.matches((True, ranges), probe))
+                candidates.update(probe for probe in _PROBES if not _inside(ranges, probe))
                 continue
             for low, high in ranges:
                 if high - low < _WHOLE_RANGE:
@@ -186,20 +237,41 @@ class _Walker:
                 else:
                     candidates.update((low, high))
                     candidates.update(probe for probe in _PROBES if low <= probe <= high)
-        self._spend(len(candidates) * (len(tops) + 1) + 1)
-        best: tuple[int, Prefix] | None = None
-        best_walks = 0
-        for candidate in sorted(candidates):
-            walks = sum(weight for chars, weight in tops if self.matches(chars, candidate))
-            if walks > best_walks and (extended := self.tokens.extend(prefix, candidate)) is not None:
-                best, best_walks = (candidate, extended), walks
-        return best
+        self._spend(len(candidates) * len(sets) + 1)
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for code in candidates:
+            matched = tuple(position for position, index in enumerate(sets)
+                            if _inside(self._sets[index][1], code) != self._sets[index][0])
+            groups.setdefault(matched, []).append(code)
+        return [(matched, sorted(codes)) for matched, codes in groups.items()]
 
-    def matches(self, chars: CharSet, code: int) -> bool:
-        known = self._matched.get((chars, code))
+    def _top_set(self, stack: Stack) -> int:
+        """The interned character set on top of `stack`; -1 for a token."""
+        known = self._top_sets.get(stack)
         if known is None:
-            negated, ranges = chars
-            known = self._matched[(chars, code)] = any(low <= code <= high for low, high in ranges) != negated
+            chars = self.top_chars(stack)
+            if chars is None:
+                known = -1
+            else:
+                known = self._set_numbers.get(chars)
+                if known is None:
+                    known = self._set_numbers[chars] = len(self._sets)
+                    self._sets.append(chars)
+            self._top_sets[stack] = known
+        return known
+
+    def _successors(self, stack: Stack) -> tuple[Stack, ...]:
+        """The stacks a stack with a character on top goes on as once it is matched (not the empty one)."""
+        known = self._following.get(stack)
+        if known is None:
+            known = self._following[stack] = tuple(target for target in self.advance(self.after(stack)) if target)
+        return known
+
+    def _takes(self, chars: int, code: int) -> bool:
+        known = self._taken.get((chars, code))
+        if known is None:
+            negated, ranges = self._sets[chars]
+            known = self._taken[(chars, code)] = _inside(ranges, code) != negated
         return known
 
     def walk(self, rule: int, starts: list[Stack], origin: tuple[int, int]) -> None:
@@ -215,21 +287,20 @@ class _Walker:
                 if stack:
                     live[stack] = 1
         prefix = self.tokens.start()
+        successors, top_set = self._successors, self._top_set
         while True:
-            fanout = {stack: sum(1 for s in self.advance(self.after(stack)) if s) for stack in live
-                      if self.top_chars(stack) is not None}
+            fanout = {stack: len(successors(stack)) for stack in live if top_set(stack) >= 0}
             chosen = self._choose(live, fanout, prefix)
             if chosen is None:
                 return  # no stack takes a character that goes on in a token
             char, prefix = chosen
             following: dict[Stack, int] = {}
-            for stack, count in live.items():
-                chars = self.top_chars(stack)
-                if chars is None or not self.matches(chars, char):
+            for stack in fanout:
+                if not self._takes(top_set(stack), char):
                     continue
-                for target in self.advance(self.after(stack)):
-                    if target:
-                        following[target] = following.get(target, 0) + count
+                count = live[stack]
+                for target in successors(stack):
+                    following[target] = following.get(target, 0) + count
             self._spend(len(live))
             walks = sum(following.values())
             if walks > MAX_PATHS:
@@ -243,6 +314,10 @@ class _Walker:
                                                for stack in following):
                 return
             live = following
+
+
+def _inside(ranges: tuple[tuple[int, int], ...], code: int) -> bool:
+    return any(low <= code <= high for low, high in ranges)
 
 
 def _without_empty_rules(grammar: Grammar) -> list[list[list[Item]]]:
