@@ -4,6 +4,7 @@ its exact limit and one past it. Pure, no model."""
 
 from __future__ import annotations
 
+from edge_llm.engine.scheduling.chunk_moves import ChunkMove
 from edge_llm.engine.scheduling.kv_book import KvBook
 from edge_llm.engine.scheduling.scheduler import Scheduler
 from edge_llm.engine.scheduling.sequence import Phase, Sequence
@@ -336,6 +337,8 @@ def test_a_deleted_span_moves_the_rest_into_place_before_the_first_decode() -> N
     d.check_invariants()
     d.run()
     assert d.output["after"] == [1000, 1001, 1002]
+    s.clear_cache()
+    assert s.kv_cells_used == 0  # the moved cells were charged to the sequence, and went with its entry
 
 
 # ---- admission ----------------------------------------------------------------------------------
@@ -444,3 +447,106 @@ def test_a_take_over_counts_its_moved_chunk_and_evicts_other_entries_for_it() ->
     assert other.seq_id not in s.cache and s.evictions["kv_cells"] == 1
     d.check_invariants()
     d.run()
+
+
+def test_when_a_moved_chunks_holder_took_the_last_free_id_an_admission_evicts_an_entry_for_one() -> None:
+    s = Scheduler(n_ctx=1000, batch_size=4, parallel=2, cache_slots=2)  # 4 sequence ids
+    d = Driver(s)
+    entry = s.add("before", FILE_HEAD + [7, 8] + FILE_TAIL + [9], 1)
+    d.run()
+    other = s.add("other", [3] * 10, 1)
+    d.run()
+    short = s.add("short", [4] * 3, 2)
+    edit = s.add("edit", FILE_HEAD + [7, 8] + list(range(50, 90)) + FILE_TAIL + [9], 2, reuse_min=16)
+    d.step()
+    assert edit.seq_id == entry.seq_id and edit.moved is not None  # its chunk's holder took the last free id
+    d.step()  # short finishes: its entry joins the other one in the cache
+    assert short in d.finished and list(s.cache) == [other.seq_id, short.seq_id] and not s.kv.free_ids
+    assert edit.moved is not None
+    late = s.add("late", [9] * 5, 2)
+    plan = d.step(finish_at_max=False)
+    assert plan.admitted == [late] and late.seq_id == other.seq_id and list(s.cache) == [short.seq_id]
+    assert s.evictions["cache_slots"] == 1
+    d.check_invariants()
+    d.run()
+
+
+def test_when_the_only_id_to_free_is_the_matched_entrys_the_head_evicts_it_and_computes_all() -> None:
+    s = Scheduler(n_ctx=1000, batch_size=4, parallel=2, cache_slots=1)  # 3 sequence ids
+    d = Driver(s)
+    entry = s.add("before", FILE_HEAD + [7, 8] + FILE_TAIL + [9], 1)
+    d.run()
+    short = s.add("short", [4] * 3, 2)
+    edit = s.add("edit", FILE_HEAD + [7, 8] + list(range(50, 90)) + FILE_TAIL + [9], 2, reuse_min=16)
+    d.step()
+    d.step()
+    assert edit.seq_id == entry.seq_id and edit.moved is not None
+    assert list(s.cache) == [short.seq_id] and not s.kv.free_ids
+    late = s.add("late", [4] * 3 + [9] * 3, 2)  # its first 3 tokens are the entry's
+    plan = d.step(finish_at_max=False)
+    assert plan.admitted == [late] and late.seq_id == short.seq_id and late.cached_tokens == 0 and not s.cache
+    d.check_invariants()
+    d.run()
+
+
+def test_a_chunk_moves_for_a_reuse_minimum_of_one_and_never_for_a_preempted_sequence() -> None:
+    s = Scheduler(n_ctx=400, batch_size=64, parallel=2, cache_slots=2)
+    d = Driver(s)
+    s.add("before", FILE_HEAD + [7, 8] + FILE_TAIL + [9], 1)
+    d.run()
+    edited = FILE_HEAD + [7, 8, 50, 51, 52] + FILE_TAIL + [9]
+    head = Sequence("h", edited, 2, feed=edited, reuse_min=1)
+    match = s.cached.best_prefix(head.feed)
+    assert s.moves.movable(head, match, None) == ChunkMove(42, 45, 60, frozenset())
+    head.preemptions = 1
+    assert s.moves.movable(head, match, None) is None
+    after = s.add("after", edited, 2, reuse_min=1)
+    d.step(finish_at_max=False)
+    assert after.moved_tokens == 60
+
+
+def test_a_leader_sharing_no_more_than_the_entry_does_not_stop_its_chunk_from_moving() -> None:
+    s = Scheduler(n_ctx=400, batch_size=64, parallel=3, cache_slots=2)
+    d = Driver(s)
+    entry = s.add("before", FILE_HEAD + [7, 8] + FILE_TAIL + [9], 1)
+    d.run()
+    leader = s.add("leader", FILE_HEAD + [7, 8] + [30] * 5, 20)  # shares the entry's first 42 cells
+    d.step(finish_at_max=False)
+    head = s.add("head", FILE_HEAD + [7, 8, 50, 51, 52] + FILE_TAIL + [9], 2, reuse_min=16)
+    d.step(finish_at_max=False)
+    assert head.leader is None and head.seq_id == entry.seq_id and head.moved_tokens == 60
+    assert leader.phase is Phase.DECODE
+    d.check_invariants()
+
+
+def test_a_chunk_whose_first_cells_a_running_sequence_shares_does_not_move() -> None:
+    s = Scheduler(n_ctx=400, batch_size=64, parallel=3, cache_slots=2)
+    d = Driver(s)
+    entry = s.add("before", FILE_HEAD + [7, 8] + FILE_TAIL + [9], 1)
+    d.run()
+    runner = s.add("runner", FILE_HEAD + [7, 8] + FILE_TAIL[:2] + [30] * 3, 20)  # holds the chunk's first 2 cells
+    d.step(finish_at_max=False)
+    assert runner.cached_tokens == 44
+    head = s.add("head", FILE_HEAD + [7, 8, 50, 51, 52] + FILE_TAIL + [9], 2, reuse_min=16)  # the chunk: at 42
+    plan = d.step(finish_at_max=False)
+    assert head.seq_id != entry.seq_id and head.cached_tokens == 42 and head.moved_tokens == 0
+    assert not any(isinstance(op, KvShift) for op in plan.kv_ops + s.kv.after_decode)
+    d.check_invariants()
+
+
+def test_reserve_entry_counts_a_prefilling_sequences_rest_but_its_moved_chunk_and_nothing_for_a_decoding_one() -> None:
+    s = Scheduler(n_ctx=1000, batch_size=4, parallel=3, cache_slots=2)
+    d = Driver(s)
+    s.add("before", FILE_HEAD + [7, 8] + FILE_TAIL + [9], 1)
+    d.run()
+    decoding = s.add("decoding", [6] * 3, 30)
+    edit = s.add("edit", FILE_HEAD + [7, 8] + list(range(50, 90)) + FILE_TAIL + [9], 2, reuse_min=16)
+    for _ in range(3):
+        d.step(finish_at_max=False)
+    assert (decoding.phase, decoding.n_past) == (Phase.DECODE, 5)
+    assert (edit.phase, edit.n_past, len(edit.feed), edit.moved.length) == (Phase.PREFILL, 49, 143, 60)
+    assert s.kv_cells_used == 49 + 60 + 5
+    head = Sequence("h", list(range(10)), 5, feed=list(range(10)))
+    # 114 used; the edit's 143 - 49 - 60 = 34 still to compute; 1 decode token for each of the 2; the head's 11
+    assert s.reserve_entry(head, 1000 - 114 - 34 - 2 - 11 + 1, 0) is None
+    assert s.reserve_entry(head, 1000 - 114 - 34 - 2 - 11, 0) == 3
