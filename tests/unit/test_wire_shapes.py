@@ -9,19 +9,37 @@ from typing import Any
 import ollama
 import pytest
 from anthropic.types import Message as AnthropicMessage
+from anthropic.types import ErrorResponse as AnthropicErrorResponse
+from anthropic.types import MessageTokensCount
 from anthropic.types import RawMessageStreamEvent
+from openai._models import construct_type
 from openai.types import Completion, CreateEmbeddingResponse
-from openai.types.chat import ChatCompletionChunk
-from openai.types.responses import Response, ResponseItemList, ResponseStreamEvent
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.responses import Response, ResponseError, ResponseItemList, ResponseStreamEvent
+from openai.types.shared import ErrorObject
 from pydantic import BaseModel, TypeAdapter
 
 from edge_llm.api.protocol import anthropic_answers as anthropic
 from edge_llm.api.protocol import ollama_answers
+from edge_llm.api.errors import APIError
 from edge_llm.api.protocol.embeddings import embedding_list
+from edge_llm.api.protocol.errors import ollama_error
 from edge_llm.api.protocol import responses_answers as responses
+from edge_llm.api.serving.outcome import error_body, failure_error
 from edge_llm.api.protocol.responses import ResponsesRequest
-from edge_llm.api.protocol.openai_answers import StreamHead, chat_chunk, completion_chunk, usage_chunk
-from edge_llm.engine.types import FinishReason, Finished, Usage
+from edge_llm.api.protocol.openai_answers import (
+    StreamHead,
+    chat_choice,
+    chat_chunk,
+    chat_completion,
+    chat_logprobs,
+    completion_choice,
+    completion_chunk,
+    completion_logprobs,
+    text_completion,
+    usage_chunk,
+)
+from edge_llm.engine.types import Failed, FinishReason, Finished, TokenLogprob, Usage
 
 HEAD = StreamHead("chatcmpl-1", 1_700_000_000, "qwen")
 TIMINGS = {"queue_ms": 1.0, "prefill_ms": 2.0, "decode_ms": 3.0}
@@ -83,6 +101,33 @@ def test_completion_chunks_are_openai_completions(chunk: dict[str, Any], extras:
     choices = [{**choice, "finish_reason": choice["finish_reason"] or "stop"} for choice in chunk["choices"]]
     assert all(choice["finish_reason"] in (None, "stop", "length") for choice in chunk["choices"])
     validated(Completion, {**chunk, "choices": choices}, extras)
+
+
+TOKENS = [TokenLogprob(1, b"Hi", -0.5, ((1, b"Hi", -0.5), (2, b"Ho", -1.5))), TokenLogprob(3, b"\xe2\x80", -0.25)]
+CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}
+
+
+def test_a_chat_completion_is_the_sdks_chat_completion() -> None:
+    choices = [chat_choice(0, "Hi", [], "stop", chat_logprobs(TOKENS)),
+               chat_choice(1, None, [CALL], "tool_calls")]
+    body = chat_completion("chatcmpl-1", "qwen", choices, OPENAI_USAGE, TIMINGS)
+    parsed = validated(ChatCompletion, dict(body), (".timings",))
+    assert [choice.finish_reason for choice in parsed.choices] == ["stop", "tool_calls"]
+    assert parsed.choices[1].message.tool_calls[0].function.name == "f"
+    assert parsed.choices[0].logprobs.content[0].top_logprobs[1].token == "Ho"
+    # OpenAI's explicit nulls stay on the wire: content of a tool-call answer, refusal, logprobs not asked for
+    assert body["choices"][1]["message"]["content"] is None and body["choices"][1]["logprobs"] is None
+    assert "tool_calls" not in body["choices"][0]["message"] and body["choices"][0]["message"]["refusal"] is None
+
+
+def test_a_text_completion_is_the_sdks_completion() -> None:
+    logprobs = completion_logprobs(TOKENS, 5)
+    body = text_completion("cmpl-1", "qwen", [completion_choice(0, "EchoHi", "length", logprobs),
+                                              completion_choice(1, "Hi", "stop")], OPENAI_USAGE, TIMINGS)
+    parsed = validated(Completion, dict(body), (".timings",))
+    assert parsed.choices[0].logprobs.text_offset == [5, 7] and parsed.choices[0].logprobs.tokens == ["Hi", "\ufffd"]
+    assert parsed.choices[0].logprobs.top_logprobs[0] == {"Hi": -0.5, "Ho": -1.5}
+    assert body["choices"][1]["logprobs"] is None and body["system_fingerprint"] is None
 
 
 # ---- Anthropic ---------------------------------------------------------------------------------------
@@ -196,6 +241,19 @@ def test_ollama_lines_are_the_clients_responses(chat: bool) -> None:
         assert parsed.model_dump(exclude_unset=True, mode="json") == _without_go_only(dict(payload))
 
 
+def test_ollama_embedding_answers_are_the_clients_responses() -> None:
+    for payload in (ollama_answers.embed_answer("qwen", [[0.5, -1.0]], total_ns=9, load_ns=1, prompt_tokens=3),
+                    ollama_answers.embed_answer("qwen", [])):
+        parsed = ollama.EmbedResponse.model_validate(payload)
+        assert parsed.model_dump(exclude_unset=True, mode="json") == dict(payload)
+    for vector in ([0.5, -1.0], []):
+        assert ollama.EmbeddingsResponse.model_validate(ollama_answers.embedding_answer(vector)).embedding == vector
+
+
+def test_an_anthropic_token_count_is_the_sdks_message_tokens_count() -> None:
+    assert validated(MessageTokensCount, dict(anthropic.token_count(12))).input_tokens == 12
+
+
 # ---- OpenAI embeddings ---------------------------------------------------------------------------
 
 
@@ -210,5 +268,55 @@ def test_a_stored_input_item_page_is_the_sdks_response_item_list() -> None:
             "content": [{"type": "input_text", "text": "Hi"}]}
     parsed = validated(ResponseItemList, dict(responses.item_list([item], has_more=True)))
     assert (parsed.first_id, parsed.last_id, parsed.has_more) == ("msg_1", "msg_1", True)
-    # an empty page sends null first_id/last_id, which the SDK's type (str) refuses: kept as before, see notes-38
-    assert responses.item_list([], has_more=False)["first_id"] is None
+
+    # An empty page has no first or last id: OpenAI sends null there (as on its other lists), which the SDK's type
+    # (str) refuses when validating, but the SDK builds answers without validation (construct_type) and gets None.
+    empty = responses.item_list([], has_more=False)
+    assert empty == {"object": "list", "data": [], "first_id": None, "last_id": None, "has_more": False}
+    validated(ResponseItemList, {**empty, "first_id": "msg_1", "last_id": "msg_1"})  # every other key, strictly
+    built = construct_type(type_=ResponseItemList, value=dict(empty))
+    assert (built.data, built.first_id, built.last_id, built.has_more) == ([], None, None, False)
+
+
+# ---- errors, as answers and inside streams ---------------------------------------------------------
+
+FAILURES = [Failed(message="the engine stopped", code="engine_unavailable"),
+            Failed(message="the prompt does not fit", code="context_length_exceeded"),
+            Failed(message="grammar too costly", code="grammar_too_costly")]
+
+
+@pytest.mark.parametrize("failed", FAILURES)
+def test_an_openai_stream_error_is_the_sdks_error_object(failed: Failed) -> None:
+    body = dict(error_body(failed))
+    assert list(body) == ["error"]
+    parsed = validated(ErrorObject, dict(body["error"]))
+    assert parsed.code == failed.code and parsed.message == failed.message
+    assert list(body["error"]) == ["message", "type", "param", "code"]  # explicit nulls, OpenAI's order
+
+
+@pytest.mark.parametrize("failed", FAILURES)
+def test_an_anthropic_error_event_is_the_sdks_error_response(failed: Failed) -> None:
+    body = dict(failure_error(failed).anthropic_body())
+    parsed = validated(AnthropicErrorResponse, body, (".error.details",))
+    assert parsed.type == "error" and parsed.error.type in ("invalid_request_error", "overloaded_error")
+    assert body["error"]["details"] == {"error_code": failed.code}
+
+
+def test_an_anthropic_error_without_a_code_has_no_details() -> None:
+    body = APIError(404, "no such model").anthropic_body()
+    validated(AnthropicErrorResponse, dict(body))
+    assert body == {"type": "error", "error": {"type": "not_found_error", "message": "no such model"}}
+
+
+def test_an_ollama_error_line_is_what_the_client_raises() -> None:
+    # ollama's client raises ResponseError(line["error"]) for a line with an `error` key (it has no type for it)
+    line = dict(ollama_error("model 'x' not found"))
+    assert line == {"error": "model 'x' not found"}
+    assert ollama.ResponseError(line["error"]).error == "model 'x' not found"
+
+
+@pytest.mark.parametrize("status, code", [(400, "invalid_prompt"), (429, "rate_limit_exceeded"),
+                                          (503, "server_error"), (500, "server_error")])
+def test_a_failed_responses_error_is_the_sdks_response_error(status: int, code: str) -> None:
+    parsed = validated(ResponseError, dict(responses.response_error("it failed", status)))
+    assert parsed.code == code and parsed.message == "it failed"

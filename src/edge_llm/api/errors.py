@@ -15,7 +15,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from edge_llm.api.protocol.errors import AnthropicErrorDetail, AnthropicErrorResponse, ErrorDetail, ErrorResponse
+from edge_llm.api.protocol.errors import (
+    AnthropicErrorBody,
+    OpenAIErrorBody,
+    anthropic_error,
+    ollama_error,
+    openai_error,
+)
 from edge_llm.api.request_context import scope_context
 from edge_llm.prompting.chat_template import TemplateError
 from edge_llm.engine.types import EngineUnavailableError, QueueFullError
@@ -82,27 +88,24 @@ class APIError(Exception):
         self.error_type = error_type or _TYPE_BY_STATUS.get(status, "server_error")
         self.headers = headers
 
-    def detail(self) -> ErrorDetail:
-        return ErrorDetail(message=self.message, type=self.error_type, param=self.param, code=self.code)
+    def openai_body(self) -> OpenAIErrorBody:
+        return openai_error(self.message, self.error_type, param=self.param, code=self.code)
 
-    def anthropic_body(self) -> dict[str, Any]:
+    def anthropic_body(self) -> AnthropicErrorBody:
         """Anthropic's envelope; our own code rides in `details.error_code`, where Anthropic puts its codes."""
         fallback = "api_error" if self.status >= 500 else "invalid_request_error"
-        kind = _ANTHROPIC_TYPE_BY_STATUS.get(self.status, fallback)
-        body = AnthropicErrorResponse(error=AnthropicErrorDetail(type=kind, message=self.message)).model_dump()
-        if self.code:
-            body["error"]["details"] = {"error_code": self.code}
-        return body
+        return anthropic_error(_ANTHROPIC_TYPE_BY_STATUS.get(self.status, fallback), self.message, self.code)
 
     def response(self, path: str | None = None) -> JSONResponse:
         """The error as the route at `path` answers errors (OpenAI's envelope unless it is an Anthropic or an
         Ollama route)."""
+        body: Any
         if speaks_anthropic(path):
             body = self.anthropic_body()
         elif speaks_ollama(path):
-            body = {"error": self.ollama_message or self.message}
+            body = ollama_error(self.ollama_message or self.message)
         else:
-            body = ErrorResponse(error=self.detail()).model_dump()
+            body = self.openai_body()
         return ErrorJSONResponse(body, status_code=self.status, headers=self.headers, code=self.code)
 
 

@@ -214,5 +214,14 @@ class MessageResponse(BaseModel):
     usage: dict[str, int]
 
 
+class TokenCount(TypedDict):
+    input_tokens: int
+
+
+def token_count(prompt_tokens: int) -> TokenCount:
+    """/v1/messages/count_tokens' answer (the SDK's `MessageTokensCount`)."""
+    return {"input_tokens": prompt_tokens}
+
+
 class CountTokensResponse(BaseModel):
     input_tokens: int

@@ -116,3 +116,31 @@ def done_answer(model: str, *, chat: bool, reason: Literal["load", "unload"]) ->
         answer["response"] = ""
     answer.update(done=True, done_reason=reason)
     return answer
+
+
+class EmbedAnswer(TypedDict):
+    """/api/embed's answer; the figures only when something was embedded."""
+
+    model: str
+    embeddings: list[list[float]]
+    total_duration: NotRequired[int]
+    load_duration: NotRequired[int]
+    prompt_eval_count: NotRequired[int]
+
+
+def embed_answer(model: str, embeddings: list[list[float]], *, total_ns: int | None = None, load_ns: int = 0,
+                 prompt_tokens: int = 0) -> EmbedAnswer:
+    answer: EmbedAnswer = {"model": model, "embeddings": embeddings}
+    if total_ns is not None:
+        answer.update(total_duration=total_ns, load_duration=load_ns, prompt_eval_count=prompt_tokens)
+    return answer
+
+
+class EmbeddingAnswer(TypedDict):
+    """/api/embeddings' (the older route's) answer: one vector, empty for an empty prompt."""
+
+    embedding: list[float]
+
+
+def embedding_answer(vector: list[float]) -> EmbeddingAnswer:
+    return {"embedding": vector}

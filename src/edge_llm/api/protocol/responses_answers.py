@@ -83,9 +83,21 @@ def function_call_item(item_id: str, status: ItemStatus, call_id: str, name: str
             "arguments": arguments}
 
 
+ResponseErrorCode = Literal["server_error", "rate_limit_exceeded", "invalid_prompt"]
+
+
 class ResponseError(TypedDict):
-    code: str
+    code: ResponseErrorCode  # one of the codes the SDK's ResponseError knows
     message: str
+
+
+def response_error(message: str, status: int = 500) -> ResponseError:
+    """The `error` of a failed response. OpenAI types its code as one of a closed list, so the server's own code
+    (kept in the HTTP error's envelope) maps by status: a refused request is `invalid_prompt`, a 429
+    `rate_limit_exceeded`, any other `server_error`."""
+    code: ResponseErrorCode = ("invalid_prompt" if 400 <= status < 500 and status != 429 else
+                               "rate_limit_exceeded" if status == 429 else "server_error")
+    return {"code": code, "message": message}
 
 
 class IncompleteDetails(TypedDict):

@@ -18,6 +18,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from edge_llm.api.errors import invalid_request
+from edge_llm.api.protocol.responses_answers import response_error
 from edge_llm.api.response_store import request_owner
 from edge_llm.api.serving.outcome import Generation
 from edge_llm.api.serving.responses_events import ResponseBuilder
@@ -80,8 +81,7 @@ class BackgroundRuns:
         except Exception:  # an unexpected failure ends this response only
             logger.exception("background response %s failed", run.builder.response_id)
             if not run.keeper.ended:
-                run.keeper.end(run.builder.response("failed", error={"code": "server_error",
-                                                                     "message": "the answer failed"}))
+                run.keeper.end(run.builder.response("failed", error=response_error("the answer failed")))
         finally:
             if not run.keeper.ended:  # shut down before the end
                 run.abort(run.generation)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal, TypeVar
 
@@ -23,7 +22,7 @@ from edge_llm.api.params import parse_body
 from edge_llm.api.request_context import RequestContext, request_context
 from edge_llm.api.serving.core import ModelCore
 from edge_llm.api.serving.body import request_json
-from edge_llm.api.serving.outcome import ChoiceResult, Generation, prefill_note, usage_info, total_usage, merged_timings, failure_error, engine_unavailable
+from edge_llm.api.serving.outcome import ChoiceResult, Generation, prefill_note, usage_info, total_usage, failure_error, engine_unavailable
 from edge_llm.api.serving.progress import PrefillBeats
 from edge_llm.api.protocol.common import SamplingDefaults
 from edge_llm.api.protocol.openai_answers import StreamHead, usage_chunk
@@ -359,27 +358,17 @@ class Serving:
 
     # ---- the OpenAI answer shapes (chat and completions) ---------------------------------------------
 
-    def response_body(self, completion_id: str, kind: str, choices: list[dict[str, Any]],
-                      generation: Generation, finished: list[Finished | None]) -> dict[str, Any]:
-        """A non-streamed answer: choices, summed usage and the extra `timings`."""
-        return {
-            "id": completion_id,
-            "object": kind,
-            "created": int(time.time()),
-            "model": generation.model,
-            "choices": choices,
-            "usage": usage_info(total_usage(generation, finished)).model_dump(),
-            "system_fingerprint": None,
-            "timings": merged_timings(finished),
-        }
+    @staticmethod
+    def answer_usage(generation: Generation, finished: list[Finished | None]) -> dict[str, Any]:
+        """The usage of a whole request in OpenAI's shape (each distinct prompt counted once)."""
+        return usage_info(total_usage(generation, finished)).model_dump()
 
     def stream_end(self, generation: Generation, finished: list[Finished | None], include_usage: bool,
                    head: StreamHead, kind: Literal["chat.completion.chunk", "text_completion"]) -> bytes:
         """The usage chunk (empty choices; only when asked for), then the end marker."""
         if not include_usage:
             return DONE
-        usage = usage_info(total_usage(generation, finished)).model_dump()
-        return encode_json_event(usage_chunk(head, kind, usage)) + DONE
+        return encode_json_event(usage_chunk(head, kind, self.answer_usage(generation, finished))) + DONE
 
 
 async def _until_disconnected(request: Request) -> None:

@@ -19,11 +19,21 @@ from fastapi.responses import JSONResponse, Response
 
 from edge_llm.api.errors import invalid_request
 from edge_llm.api.protocol.openai_chat import ChatCompletionRequest, NamedToolChoice, SimplePromptRequest
-from edge_llm.api.protocol.openai_answers import ChatDelta, StreamHead, chat_chunk, new_completion_id
+from edge_llm.api.protocol.openai_answers import (
+    ChatCompletionAnswer,
+    ChatDelta,
+    StreamHead,
+    chat_choice,
+    chat_chunk,
+    chat_completion,
+    chat_logprobs,
+    new_completion_id,
+    simple_done,
+)
 from edge_llm.api.request_context import RequestContext, request_context
 from edge_llm.api.serving.base import Serving
 from edge_llm.api.serving.grammars import Grammars
-from edge_llm.api.serving.outcome import ChoiceResult, Generation, error_body, piece_text, usage_info
+from edge_llm.api.serving.outcome import ChoiceResult, Generation, error_body, merged_timings, usage_info
 from edge_llm.api.serving.tool_calls import ToolCallTail, forced_call, split_calls
 from edge_llm.api.sse import encode_event, encode_json_event
 from edge_llm.engine.types import Failed, Finished, TextDelta, TokenLogprob
@@ -102,23 +112,19 @@ class ChatServing(Serving):
 
     # ---- the OpenAI chat answer -----------------------------------------------------------------
 
-    def _chat_body(self, generation: Generation, results: list[ChoiceResult], plan: ChatPlan) -> dict[str, Any]:
+    def _chat_body(self, generation: Generation, results: list[ChoiceResult], plan: ChatPlan
+                   ) -> ChatCompletionAnswer:
         choices = []
         for index, result in enumerate(results):
             assert result.finished is not None
             text, calls = split_calls(result.text, plan.tools)
-            content = text or None if calls else text
-            message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
-            if calls:
-                message["tool_calls"] = [call.to_openai() for call in calls]
-            choices.append({
-                "index": index,
-                "message": message,
-                "logprobs": chat_logprobs(result.logprobs) if generation.wants_logprobs else None,
-                "finish_reason": "tool_calls" if calls else result.finished.reason.value,
-            })
+            choices.append(chat_choice(
+                index, text or None if calls else text, [call.to_openai() for call in calls],
+                "tool_calls" if calls else result.finished.reason.value,
+                chat_logprobs(result.logprobs) if generation.wants_logprobs else None))
         finished = [r.finished for r in results]
-        return self.response_body(new_completion_id(), "chat.completion", choices, generation, finished)
+        return chat_completion(new_completion_id(), generation.model, choices,
+                               self.answer_usage(generation, finished), merged_timings(finished))
 
     async def _chat_chunks(self, generation: Generation, plan: ChatPlan, include_usage: bool
                            ) -> AsyncIterator[bytes]:
@@ -177,30 +183,8 @@ class ChatServing(Serving):
             if isinstance(event, TextDelta):
                 yield encode_event(event.text)
             elif isinstance(event, Finished):
-                done = {
-                    "finish_reason": event.reason.value,
-                    "usage": usage_info(event.usage).model_dump(),
-                    "timings": event.timings,
-                }
+                done = simple_done(event.reason.value, usage_info(event.usage).model_dump(), event.timings)
                 yield encode_event(json.dumps(done), event="done")
             elif isinstance(event, Failed):
                 yield encode_event(json.dumps(error_body(event)), event="error")
 
-
-def chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
-    """OpenAI's chat shape: {"content": [{token, logprob, bytes, top_logprobs: [...]}], "refusal": null}."""
-    return {
-        "content": [
-            {
-                "token": piece_text(entry.piece),
-                "logprob": entry.logprob,
-                "bytes": list(entry.piece),
-                "top_logprobs": [
-                    {"token": piece_text(piece), "logprob": logprob, "bytes": list(piece)}
-                    for _, piece, logprob in entry.top
-                ],
-            }
-            for entry in entries
-        ],
-        "refusal": None,
-    }

@@ -8,17 +8,24 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from edge_llm.api.protocol.openai_completions import CompletionRequest
-from edge_llm.api.protocol.openai_answers import StreamHead, completion_chunk, new_completion_id
+from edge_llm.api.protocol.openai_answers import (
+    StreamHead,
+    TextCompletionAnswer,
+    completion_choice,
+    completion_chunk,
+    completion_logprobs,
+    new_completion_id,
+    text_completion,
+)
 from edge_llm.api.request_context import request_context
 from edge_llm.api.serving import raw_prompts
 from edge_llm.api.serving.base import Serving
-from edge_llm.api.serving.outcome import ChoiceResult, Generation, error_body, piece_text
+from edge_llm.api.serving.outcome import ChoiceResult, Generation, error_body, merged_timings
 from edge_llm.api.sse import encode_json_event
 from edge_llm.engine.types import Failed, Finished, TextDelta, TokenLogprob
 from edge_llm.prompting.fim import cursor_line_split, infill_prompt, suffix_echo_stop
@@ -61,19 +68,17 @@ class CompletionServing(Serving):
         return JSONResponse(self._completion_body(generation, results, echo), headers=self.headers(generation))
 
     def _completion_body(self, generation: Generation, results: list[ChoiceResult], echo: list[str]
-                         ) -> dict[str, Any]:
+                         ) -> TextCompletionAnswer:
         choices = []
         for index, result in enumerate(results):
             assert result.finished is not None
             prefix = echo[generation.prompt_of_choice[index]]
-            choices.append({
-                "index": index,
-                "text": prefix + result.text,
-                "logprobs": completion_logprobs(result.logprobs, len(prefix)) if generation.wants_logprobs else None,
-                "finish_reason": result.finished.reason.value,
-            })
+            choices.append(completion_choice(
+                index, prefix + result.text, result.finished.reason.value,
+                completion_logprobs(result.logprobs, len(prefix)) if generation.wants_logprobs else None))
         finished = [r.finished for r in results]
-        return self.response_body(_completion_id(), "text_completion", choices, generation, finished)
+        return text_completion(_completion_id(), generation.model, choices, self.answer_usage(generation, finished),
+                               merged_timings(finished))
 
     async def _completion_chunks(self, generation: Generation, echo: list[str], include_usage: bool
                                  ) -> AsyncIterator[bytes]:
@@ -102,21 +107,6 @@ class CompletionServing(Serving):
             elif isinstance(event, Failed):
                 yield encode_json_event(error_body(event))
         yield self.stream_end(generation, finished, include_usage, head, "text_completion")
-
-
-def completion_logprobs(entries: list[TokenLogprob], text_offset: int) -> dict[str, Any]:
-    """The legacy completions shape: parallel lists of tokens, logprobs, top maps and text offsets."""
-    offsets: list[int] = []
-    position = text_offset
-    for entry in entries:
-        offsets.append(position)
-        position += len(piece_text(entry.piece))
-    return {
-        "tokens": [piece_text(entry.piece) for entry in entries],
-        "token_logprobs": [entry.logprob for entry in entries],
-        "top_logprobs": [{piece_text(piece): logprob for _, piece, logprob in entry.top} for entry in entries],
-        "text_offset": offsets,
-    }
 
 
 def _completion_id() -> str:

@@ -86,7 +86,7 @@ class MessagesServing(Serving):
         self.check_model(body.model)
         prompt = await self.off_loop(context, self.chat_prompt, body.to_chat_messages(), body.openai_tools(),
                                      continue_final=body.continues_final)
-        return JSONResponse({"input_tokens": len(prompt)})
+        return JSONResponse(anthropic_answers.token_count(len(prompt)))
 
     def _grammar(self, anthropic: MessagesRequest) -> str | None:
         """tool_choice `any` / `tool`: a grammar makes the answer one call; output_config.format: the answer follows

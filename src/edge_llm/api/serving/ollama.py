@@ -27,6 +27,7 @@ from edge_llm.api.params import report_ignored
 from edge_llm.api.protocol.ollama import OllamaChatRequest, OllamaGenerateRequest, OllamaOptions
 from edge_llm.api.request_context import RequestContext, request_context
 from edge_llm.api.serving.outcome import Generation, failure_error
+from edge_llm.api.protocol.errors import ollama_error
 from edge_llm.api.protocol.ollama_answers import done_answer
 from edge_llm.api.serving.base import Serving
 from edge_llm.api.serving.ollama_stream import Answer, Clock, Piece, pieces
@@ -184,7 +185,7 @@ class OllamaServing(Serving):
                 tokens = await ollama_context("".join(text)) if ollama_context is not None else None
                 yield encode_line(answer.final(item, context=tokens))
             elif isinstance(item, Failed):
-                yield encode_line({"error": failure_error(item).message})
+                yield encode_line(ollama_error(failure_error(item).message))
 
     async def _whole(self, generation: Generation, answer: Answer, tools: tuple[str, ...],
                      ollama_context: OllamaContext | None) -> dict[str, Any]:

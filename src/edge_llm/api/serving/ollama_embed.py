@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 
 from edge_llm.api.params import report_ignored
 from edge_llm.api.protocol.ollama import OllamaEmbeddingsRequest, OllamaEmbedRequest
+from edge_llm.api.protocol.ollama_answers import embed_answer, embedding_answer
 from edge_llm.api.serving.embeddings import EmbeddingServing
 from edge_llm.api.request_context import request_context
 from edge_llm.api.serving.ollama_stream import Clock
@@ -36,18 +37,14 @@ class OllamaEmbedServing(EmbeddingServing):
         self.check_dimensions(body.dimensions, info)
         texts = body.texts
         if not texts:
-            return JSONResponse({"model": name, "embeddings": []})
+            return JSONResponse(embed_answer(name, []))
         inputs = await self.token_inputs(context, texts, info,
                                          limit=options.num_ctx if options is not None else None,
                                          truncate=body.truncate is not False)
         request_id, event = await self.embed(request, inputs, info)
-        return JSONResponse({
-            "model": name,
-            "embeddings": [vector.tolist() for vector in event.vectors],
-            "total_duration": clock.total_ns(),
-            "load_duration": clock.load_ns,
-            "prompt_eval_count": event.prompt_tokens,
-        }, headers={"x-request-id": request_id})
+        return JSONResponse(embed_answer(name, [vector.tolist() for vector in event.vectors], total_ns=clock.total_ns(),
+                                         load_ns=clock.load_ns, prompt_tokens=event.prompt_tokens),
+                            headers={"x-request-id": request_id})
 
     async def ollama_embeddings(self, request: Request) -> JSONResponse:
         context = request_context(request)
@@ -56,7 +53,7 @@ class OllamaEmbedServing(EmbeddingServing):
             report_ignored(context, body.options.ignored(embedding=True))
         info = self.embedding_model()
         if not body.prompt:
-            return JSONResponse({"embedding": []})
+            return JSONResponse(embedding_answer([]))
         inputs = await self.token_inputs(context, body.prompt, info)
         request_id, event = await self.embed(request, inputs, info)
-        return JSONResponse({"embedding": event.vectors[0].tolist()}, headers={"x-request-id": request_id})
+        return JSONResponse(embedding_answer(event.vectors[0].tolist()), headers={"x-request-id": request_id})

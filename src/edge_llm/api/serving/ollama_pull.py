@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from edge_llm.api.params import parse_body
 from edge_llm.api.request_context import request_context
+from edge_llm.api.protocol.errors import ollama_error
 from edge_llm.api.protocol.ollama_models import ProgressResponse, PullRequest, ollama_json
 from edge_llm.api.serving.body import request_json
 from edge_llm.api.errors import APIError
@@ -122,7 +123,7 @@ class PullServing:
                 break
             await job.changed.wait()
         if job.error is not None:
-            yield {"error": job.error}
+            yield dict(ollama_error(job.error))
             return
         for line in _finish(job.note):
             yield line
@@ -134,8 +135,8 @@ class PullServing:
             entry = self.registry.resolve(wanted)
         except UnknownModelError:
             names = ", ".join(model.ollama_name or model.catalogue_name for model in CATALOGUE)
-            yield {"error": f"pull model manifest: file does not exist ('{wanted}' is not in the catalogue, which "
-                   f"has: {names})"}
+            yield dict(ollama_error(f"pull model manifest: file does not exist ('{wanted}' is not in the catalogue, "
+                                    f"which has: {names})"))
             return
         size = entry.spec.path.stat().st_size
         yield _pulling(await self.digests.digest(entry.spec.path), size, size)

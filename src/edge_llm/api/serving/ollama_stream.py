@@ -27,7 +27,7 @@ from edge_llm.api.protocol.ollama_answers import (
 )
 from edge_llm.api.request_context import RequestContext
 from edge_llm.api.serving.outcome import Generation
-from edge_llm.api.serving.chat import chat_logprobs
+from edge_llm.api.protocol.openai_answers import chat_logprobs
 from edge_llm.engine.types import Failed, Finished, TextDelta, TokenLogprob
 from edge_llm.api.serving.tool_calls import ToolCallTail
 from edge_llm.prompting.tools import ParsedToolCall

@@ -4,10 +4,9 @@ the wire in the OpenAI shapes: usage, merged timings, the prefill note, and fail
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from edge_llm.api.errors import APIError, invalid_request
-from edge_llm.api.protocol.errors import ErrorResponse
+from edge_llm.api.protocol.errors import OpenAIErrorBody
 from edge_llm.api.protocol.openai_answers import PromptTokensDetails, UsageInfo
 from edge_llm.engine.facade import ReplyChannel
 from edge_llm.engine.types import (
@@ -92,13 +91,9 @@ def failure_error(failed: Failed) -> APIError:
     return APIError(503, failed.message, code=failed.code)
 
 
-def error_body(failed: Failed) -> dict[str, Any]:
+def error_body(failed: Failed) -> OpenAIErrorBody:
     """The error envelope of a request that failed after its answer began (an SSE error event)."""
-    return ErrorResponse(error=failure_error(failed).detail()).model_dump()
-
-
-def piece_text(piece: bytes) -> str:
-    return piece.decode("utf-8", errors="replace")
+    return failure_error(failed).openai_body()
 
 
 def engine_unavailable(exc: EngineUnavailableError) -> APIError:

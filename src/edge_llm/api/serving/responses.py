@@ -19,6 +19,7 @@ from edge_llm.api.errors import CLIENT_CLOSED_REQUEST, APIError, invalid_request
 from edge_llm.api.protocol.openai_chat import ChatCompletionRequest
 from edge_llm.api.params import report_ignored
 from edge_llm.api.protocol.responses import FunctionToolChoice, ResponsesRequest, set_aside_unread
+from edge_llm.api.protocol.responses_answers import response_error
 from edge_llm.api.request_context import request_context
 from edge_llm.api.serving.outcome import Generation, total_usage
 from edge_llm.api.serving.background_responses import Run, background_runs, detached_events
@@ -109,7 +110,7 @@ class ResponsesServing(Serving):
             if stored:
                 keeper.end(builder.response("cancelled" if error.status == CLIENT_CLOSED_REQUEST else "failed",
                                             error=None if error.status == CLIENT_CLOSED_REQUEST
-                                            else {"code": error.code or "server_error", "message": error.message}))
+                                            else response_error(error.message, error.status)))
             raise
         assert result.finished is not None
         answer_events(builder, tail, result.text)
@@ -127,7 +128,7 @@ class ResponsesServing(Serving):
             lease = await request.app.state.registry.acquire(self.model_id)
         except BaseException:
             self.abort(generation)
-            keeper.end(builder.response("failed", error={"code": "server_error", "message": "the model went away"}))
+            keeper.end(builder.response("failed", error=response_error("the model went away")))
             raise
         run = Run(generation, builder, keeper, self.abort, lease)
         background_runs(request).start(run, detached_events(tail, finish_events, answer_events))

@@ -25,6 +25,7 @@ from edge_llm.api.protocol.responses_answers import (
     message_item,
     output_item_event,
     response as response_object,
+    response_error,
     response_event,
     response_usage,
     text_delta_event,
@@ -123,7 +124,7 @@ class ResponseBuilder:
 
     def failed(self, message: str, usage: Usage | None = None) -> list[Event]:
         events = self._close_message("incomplete")
-        failure = self.response("failed", usage, error={"code": "server_error", "message": message})
+        failure = self.response("failed", usage, error=response_error(message))
         events.append(response_event("failed", self._next(), failure))
         return events
 
