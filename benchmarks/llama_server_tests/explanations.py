@@ -63,6 +63,46 @@ REASONS: list[tuple[str, str, str]] = [
      "model-specific: expects stories260K's prompt token counts (77); Qwen2.5-Coder's template and vocabulary give 25"),
     ("test_tokenize", "test_tokenize_with_bos",
      "model-specific: expects stories260K's BOS id 1 first; Qwen2.5-Coder's vocabulary adds no BOS"),
+    ("test_ignore_eos", "test_ignore_eos_",
+     "not yet here: /completion does not take `ignore_eos` (the OpenAI routes do) and its `generation_settings` "
+     "has no `logit_bias` list (llama-server lists the EOG tokens' -inf biases there)"),
+    ("test_stream", "test_stream_stop_during_model_load",
+     "flag without an equivalent: llama-server's router mode (a model loaded by the request that names it, with "
+     "`load` progress in the stream); here one model is served, the next request waits for a load"),
+    ("test_stream", "test_stream_resumes_after_reload", "flag without an equivalent: llama-server's router mode "
+     "(a model reloaded while a stream waits)"),
+    ("test_stream", "test_stream_resume_and_stop_with_slashed_model_name",
+     "by design: the model is named `ggml-org/tinygemma3-GGUF:Q8_0` (router mode's Hugging Face name): a 404 "
+     "model_not_found here (an unknown model is never silently swapped)"),
+    ("test_ctx_shift", "test_ctx_shift_enabled",
+     "flag without an equivalent: --context-shift (an answer that fills the context ends with finish `length`, "
+     "no KV shift)"),
+    ("test_ctx_shift", "test_ctx_shift_disabled", SHARED_CONTEXT + " (the slot's 256 tokens are not a limit here)"),
+    ("test_compat_oai_responses", "test_responses_with_openai_library", OPENAI_MODEL.replace(
+        "`davinci-002` / `gpt-3.5-turbo-instruct`", "`gpt-4.1`")),
+    ("test_compat_oai_responses", "test_responses_stream_with_openai_library", OPENAI_MODEL.replace(
+        "`davinci-002` / `gpt-3.5-turbo-instruct`", "`gpt-4.1`")),
+    ("test_compat_oai_responses", "test_responses_stream_with_llama_telemetry",
+     "not yet here: llama-server's `timings_per_token` / `return_progress` in /v1/responses stream events "
+     "(prompt_progress on response.in_progress, timings on deltas)"),
+    ("test_metrics", "test_metrics_disabled",
+     "by design: /metrics is always on here (no --metrics flag; llama-server answers 501 without it)"),
+    ("test_metrics", "test_metrics_prometheus_format", "not yet here: the `Process-Start-Time-Unix` header on "
+     "/metrics (the exposition itself is served; edge_llm_* names, llama-server's llamacpp:* not all mirrored)"),
+    ("test_metrics", "test_metrics_prompt_processed_and_cached", "not yet here: the `Process-Start-Time-Unix` header"),
+    ("test_metrics", "test_metrics_predicted_total_matches_requests",
+     "not yet here: the `Process-Start-Time-Unix` header"),
+    ("test_metrics", "test_metrics_embedding_prompt_is_counted", "not yet here: the `Process-Start-Time-Unix` header"),
+    ("test_metrics", "test_metrics_generation_rate_excludes_first_token",
+     "difference: `predicted_per_second` here counts the first token's time (llama-server starts it after the "
+     "first token: 0.0 for one token)"),
+    ("test_metrics", "test_metrics_timings_on_prompt_progress",
+     "difference: one prompt_progress chunk here for its prompt, where llama-server sends one per --batch-size "
+     "(32) batch; the test wants more than one"),
+    ("test_metrics", "test_metrics_slots_idle_after_completion", SLOTS),
+    ("test_template", "test_reasoning", CHAT_TEMPLATE + "; reasoning-format prompt endings of those templates"),
+    ("test_template", "test_date_inside_prompt", CHAT_TEMPLATE + " (their templates put today's date in)"),
+    ("test_template", "test_add_generation_prompt", CHAT_TEMPLATE),
 ]
 
 
