@@ -1,8 +1,10 @@
 """The scheduler's parts at their boundaries (engine/scheduling/: kv_book, sharing, admission's reserve_entry and
-reusable_length, chunk_moves, step_plan): the cases the driven scenarios of test_scheduler.py seldom reach, each at
-its exact limit and one past it. Pure, no model."""
+reusable_length, chunk_moves, step_plan, and the scheduler's add, remove, undo_step and room for a step): the cases
+the driven scenarios of test_scheduler.py seldom reach, each at its exact limit and one past it. Pure, no model."""
 
 from __future__ import annotations
+
+import pytest
 
 from edge_llm.engine.scheduling.chunk_moves import ChunkMove
 from edge_llm.engine.scheduling.kv_book import KvBook
@@ -550,3 +552,121 @@ def test_reserve_entry_counts_a_prefilling_sequences_rest_but_its_moved_chunk_an
     # 114 used; the edit's 143 - 49 - 60 = 34 still to compute; 1 decode token for each of the 2; the head's 11
     assert s.reserve_entry(head, 1000 - 114 - 34 - 2 - 11 + 1, 0) is None
     assert s.reserve_entry(head, 1000 - 114 - 34 - 2 - 11, 0) == 3
+
+
+# ---- scheduler: a step taken back (undo_step) ------------------------------------------------------
+
+
+def test_a_step_taken_back_leaves_each_sequence_as_the_step_found_it_and_skips_those_without_rows() -> None:
+    s = Scheduler(n_ctx=400, batch_size=12, parallel=3, cache_slots=0)
+    d = Driver(s)
+    leader = s.add("leader", list(range(1, 21)), 3)
+    follower = s.add("follower", list(range(1, 17)) + [99] * 4, 3)  # waits for the leader's first 16
+    d.step()
+    third = s.add("third", [5] * 6, 3)
+    assert leader.n_past == 12 and follower.leader is leader
+    used = s.kv_cells_used
+    plan = s.step()
+    assert [q for q in plan.seq_ids if q == follower.seq_id] == [] and third.seq_id in plan.seq_ids
+    assert leader.phase is Phase.DECODE and leader.n_past == 20
+    d.kv.apply_ops(plan.kv_ops)  # applied, then the decode stopped before it did anything
+    s.undo_step(plan)
+    assert (leader.n_past, leader.phase, leader.pending_token, leader.kv_tokens) == (12, Phase.PREFILL, None,
+                                                                                    list(range(1, 13)))
+    assert (third.n_past, third.phase, third.kv_tokens) == (0, Phase.PREFILL, [])
+    assert follower.n_past == 0 and follower.leader is leader
+    assert s.kv_cells_used == used
+    assert s.take_pending_ops() == [KvTrim(leader.seq_id, 12), KvTrim(third.seq_id, 0)]
+    d.run()
+    assert d.output == {"leader": [1000, 1001, 1002], "follower": [1000, 1001, 1002], "third": [1000, 1001, 1002]}
+
+
+def test_a_decode_step_taken_back_decodes_the_same_token_again() -> None:
+    s = Scheduler(n_ctx=400, batch_size=16, parallel=2, cache_slots=0)
+    d = Driver(s)
+    a = s.add("a", [1, 2, 3], 5)
+    d.step(finish_at_max=False)
+    assert a.pending_token == 1000 and a.n_past == 3
+    plan = s.step()
+    assert plan.tokens == [1000] and a.n_past == 4
+    s.undo_step(plan)
+    assert (a.n_past, a.phase, a.pending_token, a.kv_tokens) == (3, Phase.DECODE, 1000, [1, 2, 3])
+    assert s.take_pending_ops() == [KvTrim(a.seq_id, 3)]
+    again = s.step()
+    assert again.tokens == [1000] and again.positions == [3]
+
+
+def test_a_step_whose_moved_chunk_follows_its_decode_cannot_be_taken_back() -> None:
+    s = Scheduler(n_ctx=400, batch_size=64, parallel=2, cache_slots=2)
+    d = Driver(s)
+    s.add("before", FILE_HEAD + [7, 8] + FILE_TAIL + [9], 1)
+    d.run()
+    s.add("after", FILE_HEAD + [7, 8, 50, 51, 52] + FILE_TAIL + [9], 3, reuse_min=16)
+    plan = s.step()
+    assert not plan.undoable
+    with pytest.raises(AssertionError, match="^a step whose moved chunk follows its decode cannot be taken back$"):
+        s.undo_step(plan)
+
+
+# ---- scheduler: add ---------------------------------------------------------------------------------------------
+
+
+def test_add_keeps_the_requests_options_and_names_an_empty_prompt() -> None:
+    s = Scheduler(n_ctx=100, batch_size=2, parallel=2, cache_slots=0)  # a batch as large as parallel is enough
+    with pytest.raises(ValueError, match="^empty prompt$"):
+        s.add("empty", [], 3)
+    plain = s.add("plain", [1, 2], 3)
+    assert plain.speculation is None and plain.use_cache and plain.reuse_min == 0
+    special = s.add("special", [1, 2], 3, use_cache=False, reuse_min=4, speculative=True)
+    assert special.speculation is not None and not special.use_cache and special.reuse_min == 4
+    assert s.speculation is not None and s.step_cost is not None
+
+
+# ---- scheduler: remove ------------------------------------------------------------------------------------------
+
+
+def test_remove_keeps_an_entry_only_when_asked_and_there_is_something_to_keep() -> None:
+    s = Scheduler(n_ctx=100, batch_size=2, parallel=2, cache_slots=2)
+    d = Driver(s)
+    waiting = s.add("waiting", [9], 3)
+    s.remove(waiting)
+    assert not s.waiting
+    full, empty = s.add("full", [5, 5], 3), s.add("empty", [6] * 3, 3)
+    d.step(finish_at_max=False)
+    assert full.n_past == 2 and empty.phase is Phase.PREFILL and empty.n_past == 0  # the batch was full
+    d.finish(empty)  # nothing computed: nothing to keep
+    s.remove(full)  # not asked to keep it
+    assert not s.cache and s.kv_cells_used == 0
+    one = s.add("one", [1], 3)
+    d.step(finish_at_max=False)
+    d.finish(one)  # a single position: still an entry
+    assert [e.tokens for e in s.cache.values()] == [(1,)] and s.kv_cells_used == 1
+    zero = Scheduler(n_ctx=100, batch_size=2, parallel=2, cache_slots=0)
+    dz = Driver(zero)
+    kept = zero.add("kept", [1, 2], 3)
+    dz.step(finish_at_max=False)
+    dz.finish(kept)
+    assert not zero.cache and sum(zero.evictions.values()) == 0 and zero.kv_cells_used == 0
+
+
+# ---- scheduler: room for a step -------------------------------------------------------------------------------
+
+
+def test_a_step_evicts_nothing_when_its_decode_tokens_fit_exactly_or_nothing_runs() -> None:
+    s = Scheduler(n_ctx=16, batch_size=16, parallel=1, cache_slots=1)
+    d = Driver(s)
+    s.add("entry", [7] * 5, 1)
+    d.run()
+    a = s.add("a", [1] * 10, 4)
+    d.step(finish_at_max=False)
+    assert s.kv_cells_used == 15 and a.pending_token is not None
+    d.step(finish_at_max=False)  # one decode token, one free cell
+    assert len(s.cache) == 1 and sum(s.evictions.values()) == 0
+    full = Scheduler(n_ctx=12, batch_size=16, parallel=1, cache_slots=2)
+    df = Driver(full)
+    for token in (7, 8):
+        full.add(f"e{token}", [token] * 5, 2)
+        df.run()
+    assert full.kv_cells_used == 12 and len(full.cache) == 2
+    plan = full.step()  # nothing runs: nothing to make room for
+    assert plan.empty and len(full.cache) == 2
