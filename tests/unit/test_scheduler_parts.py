@@ -670,3 +670,13 @@ def test_a_step_evicts_nothing_when_its_decode_tokens_fit_exactly_or_nothing_run
     assert full.kv_cells_used == 12 and len(full.cache) == 2
     plan = full.step()  # nothing runs: nothing to make room for
     assert plan.empty and len(full.cache) == 2
+
+
+def test_the_last_row_of_a_batch_goes_to_a_prompt() -> None:
+    s = Scheduler(n_ctx=400, batch_size=2, parallel=2, cache_slots=0)
+    d = Driver(s)
+    a = s.add("a", [1], 5)
+    d.step(finish_at_max=False)
+    b = s.add("b", [2] * 10, 3)
+    plan = d.step(finish_at_max=False)  # a's decode token, and one row left: b's first prompt token
+    assert plan.admitted == [b] and plan.prefilled_tokens == 1 and b.n_past == 1 and a.n_past == 2
