@@ -680,3 +680,20 @@ def test_the_last_row_of_a_batch_goes_to_a_prompt() -> None:
     b = s.add("b", [2] * 10, 3)
     plan = d.step(finish_at_max=False)  # a's decode token, and one row left: b's first prompt token
     assert plan.admitted == [b] and plan.prefilled_tokens == 1 and b.n_past == 1 and a.n_past == 2
+
+
+def test_preemptions_are_counted_per_sequence_and_in_all_and_the_first_ones_output_is_remembered() -> None:
+    s = Scheduler(n_ctx=60, batch_size=64, parallel=4, cache_slots=0, max_preemptions=3)
+    d = Driver(s)
+    seqs = [s.add(f"r{i}", [i + 1] * 6, 60 - 6) for i in range(4)]
+    counted = {q.request_id: 0 for q in seqs}
+    first_generated: dict[str, int] = {}
+    while not s.idle():
+        plan = d.step()
+        for q in plan.preempted:
+            counted[q.request_id] += 1
+            first_generated.setdefault(q.request_id, q.generated)
+    assert max(counted.values()) >= 2
+    assert {q.request_id: q.preemptions for q in seqs} == counted and s.preemptions == sum(counted.values())
+    assert {q.request_id: q.generated_at_first_preemption for q in seqs if q.preemptions} == first_generated
+    assert all(d.output[q.request_id] == [1000 + g for g in range(q.max_tokens)] for q in seqs)
