@@ -201,11 +201,11 @@ def test_reserve_entry_evicts_the_oldest_entries_only_when_that_makes_room() -> 
     assert list(s.cache) == [0, 1] and s.kv_cells_used == 60
     # both slots taken: the oldest goes, the newer one stays as 30 + 59 + 11 = 100 fit
     assert s.reserve_entry(head, 59, 0) == 0
-    assert list(s.cache) == [1] and sum(s.evictions.values()) == 1
+    assert list(s.cache) == [1] and s.evictions["cache_slots"] == 1 and sum(s.evictions.values()) == 1
     s.release_entry(0)
-    # 30 + 60 + 11 > 100: the last entry goes too
+    # 30 + 60 + 11 > 100: the last entry goes too, for cells this time (a slot and an id are free)
     assert s.reserve_entry(head, 60, 0) == 0
-    assert list(s.cache) == [] and sum(s.evictions.values()) == 2
+    assert list(s.cache) == [] and s.evictions["kv_cells"] == 1 and sum(s.evictions.values()) == 2
 
 
 def test_reserve_entry_makes_the_entry_a_slot_before_it_is_loaded() -> None:
@@ -218,7 +218,7 @@ def test_reserve_entry_makes_the_entry_a_slot_before_it_is_loaded() -> None:
     assert s.kv.free_ids == [2]
     # room for every cell and a free id, but both slots are taken: the least recently used entry goes now
     assert s.reserve_entry(head, 10, 0) == 0
-    assert list(s.cache) == [1]
+    assert list(s.cache) == [1] and s.evictions["cache_slots"] == 1 and s.evictions["kv_cells"] == 0
 
 
 def test_reserve_entry_evicts_nothing_when_running_sequences_alone_leave_no_room() -> None:

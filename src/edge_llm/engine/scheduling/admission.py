@@ -77,7 +77,8 @@ class Admission:
             return None
         while entries and (ledger.used + needed > self._kv.n_ctx or len(entries) >= self._cached.slots
                            or not self._kv.free_ids):
-            self._cached.evict(next(iter(entries)), "kv_cells" if self._kv.free_ids else "cache_slots")
+            slot_short = len(entries) >= self._cached.slots or not self._kv.free_ids
+            self._cached.evict(next(iter(entries)), "cache_slots" if slot_short else "kv_cells")
         if ledger.used + needed > self._kv.n_ctx or not self._kv.free_ids:
             return None
         return self._kv.take_id()
