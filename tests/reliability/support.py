@@ -8,7 +8,8 @@ import socket
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -203,3 +204,33 @@ def neighbour_bound(alone: float) -> float:
 def assert_neighbour_unhurt(took: float, alone: float, what: str) -> None:
     assert took <= neighbour_bound(alone), \
         f"{what}: the neighbour took {took:.2f} s (alone {alone:.2f} s)"
+
+
+@contextmanager
+def neighbours_beside(server: RunningServer, alone: float, what: str) -> Iterator[None]:
+    """Neighbours one after the other for as long as the block runs (at least one), the slowest within the neighbour
+    bound: whatever the hostile requests of the block hold, a normal request sent beside them goes on."""
+    stop = threading.Event()
+    times: list[float] = []
+    failures: list[BaseException] = []
+
+    def neighbours() -> None:
+        try:
+            while not stop.is_set() or not times:
+                times.append(neighbour_seconds(server))
+        except BaseException as error:  # reported by the test, not lost in the thread
+            failures.append(error)
+
+    thread = threading.Thread(target=neighbours, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(TIMEOUT)
+    assert not failures, f"{what}: a neighbour failed: {failures[0]!r}"
+    assert times, f"{what}: no neighbour was answered"
+    if max(times) > neighbour_bound(alone):
+        # The machine is shared and its load swings: the time alone measured again right after, side by side.
+        alone = max(alone, neighbour_alone(server))
+    assert_neighbour_unhurt(max(times), alone, f"{what} (the slowest of {len(times)} neighbours)")

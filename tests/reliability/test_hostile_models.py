@@ -22,6 +22,8 @@ from tests.reliability.support import (
     assert_error,
     assert_no_unhandled_errors,
     assert_serving,
+    neighbour_alone,
+    neighbours_beside,
 )
 
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
@@ -84,12 +86,26 @@ def hostile_server(tmp_path_factory: pytest.TempPathFactory, hostile_model: Path
         yield running
 
 
+@pytest.fixture(scope="module")
+def alone(hostile_server: RunningServer) -> float:
+    return neighbour_alone(hostile_server)
+
+
+@pytest.fixture()
+def neighbours(hostile_server: RunningServer, alone: float, request: pytest.FixtureRequest) -> Iterator[None]:
+    """2-token completions sent one after the other while the test runs, the slowest within the neighbour bound
+    (issue 41): a hostile template holds nothing another request needs."""
+    with neighbours_beside(hostile_server, alone, request.node.name):
+        yield
+
+
 def ask(server: RunningServer, name: str | None, stream: bool = False) -> httpx.Response:
     message = {"role": "user", "content": "Hello", **({"name": name} if name else {})}
     return httpx.post(server.url + CHAT, json={"messages": [message], "max_tokens": 4, "stream": stream},
                       timeout=TIMEOUT)
 
 
+@pytest.mark.usefixtures("neighbours")
 def test_the_server_runs_the_model_with_its_own_template(hostile_server: RunningServer) -> None:
     models = httpx.get(hostile_server.url + "/v1/models", timeout=TIMEOUT).json()
     assert models["data"][0]["id"] == "hostile-template"
@@ -98,6 +114,7 @@ def test_the_server_runs_the_model_with_its_own_template(hostile_server: Running
     assert ask(hostile_server, None).status_code == 200  # its ChatML branch
 
 
+@pytest.mark.usefixtures("neighbours")
 @pytest.mark.parametrize("name", list(payloads(Path("/m"))))
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 def test_a_template_reaching_for_python_internals_runs_no_code(
@@ -117,6 +134,7 @@ def test_a_template_reaching_for_python_internals_runs_no_code(
     assert_serving(hostile_server)
 
 
+@pytest.mark.usefixtures("neighbours")
 def test_the_harmless_payload_renders(hostile_server: RunningServer) -> None:
     """Not every template trick is an attack: reading a safe global renders, and the request is answered."""
     assert ask(hostile_server, "harmless globals").status_code == 200
@@ -205,7 +223,9 @@ def test_a_model_that_attends_ahead_gets_a_clear_400_for_embeddings(tmp_path: Pa
     (tmp_path / "server").mkdir()
     try:
         with run_server(tmp_path / "server", "--max-tokens-cap", "2", "--model", str(model)) as server:
-            response = httpx.post(server.url + "/v1/embeddings", json={"input": "hello"}, timeout=TIMEOUT)
+            alone = neighbour_alone(server)
+            with neighbours_beside(server, alone, "embeddings of a model that attends ahead"):
+                response = httpx.post(server.url + "/v1/embeddings", json={"input": "hello"}, timeout=TIMEOUT)
             error = assert_error(response, 400, "embeddings_not_supported")
             assert "attention looks ahead" in error["message"]
             assert_serving(server)
