@@ -172,3 +172,24 @@ def test_the_load_is_a_metric_and_an_idle_server_does_not_wake_up(text_log_serve
         wait_for(every_thread_rests, timeout=30, what="every thread of the idle server to rest without a timeout")
     except AssertionError as error:
         raise AssertionError(f"{error}; still awake: {awake}") from None
+
+
+def _imported(log: str) -> set[str]:
+    """The modules a process started with PYTHONPROFILEIMPORTTIME imported (one `import time:` line each)."""
+    return {line.rsplit("|", 1)[1].strip() for line in log.splitlines() if line.startswith("import time:")}
+
+
+def test_what_the_start_up_does_not_import_until_asked(tmp_path: Path) -> None:
+    """The start-up imports before the model load begins are on the path to ready (issue 40): Jinja (the chat
+    template, compiled by the first chat request) and the `gguf` package (its reader and writer, PyYAML; the
+    header walk needs only its tables) are not imported by a server that is ready."""
+    late = {"jinja2", "gguf", "yaml", "llama_cpp.llama", "diskcache"}
+    with run_server(tmp_path, "--ctx-size", "1024", "--parallel", "1", "--cache-slots", "0",
+                    env={"PYTHONPROFILEIMPORTTIME": "1"}) as server:
+        at_ready = _imported(server.log())
+        assert {"edge_llm.api.app", "edge_llm.models.gguf_info", "edge_llm.engine.llama.bindings"} <= at_ready  # the log is the list
+        assert not late & at_ready
+        answer = httpx.post(server.url + "/v1/chat/completions", timeout=120,
+                            json={"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 2})
+        assert answer.status_code == 200, answer.text
+        assert "jinja2" in _imported(server.log())

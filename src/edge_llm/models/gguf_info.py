@@ -27,7 +27,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from gguf import GGML_QUANT_SIZES, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType, Keys, LlamaFileType
+from edge_llm.models.gguf_constants import (
+    GGML_QUANT_SIZES,
+    GGUF_MAGIC,
+    GGMLQuantizationType,
+    GGUFValueType,
+    Keys,
+    LlamaFileType,
+)
 
 from edge_llm.engine.thread.embeddings import EMBEDDING_BATCH, EMBEDDING_MAX_TOKENS
 from edge_llm.engine.llama.kv_types import row_bytes

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 
-import llama_cpp
 import numpy as np
 
+from edge_llm.engine.llama.bindings import llama_cpp
 from edge_llm.engine.thread.embeddings import EMBEDDING_BATCH
 from edge_llm.engine.types import EmbeddingUnavailableError
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ctypes
 import logging
 
-import llama_cpp
+from edge_llm.engine.llama.bindings import llama_cpp
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-import llama_cpp
+from edge_llm.engine.llama.bindings import llama_cpp
 
 logger = logging.getLogger(__name__)
 _llama_logger = logging.getLogger("edge_llm.llama_cpp")

@@ -6,8 +6,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Callable
 
-import llama_cpp
-
+from edge_llm.engine.llama.bindings import llama_cpp
 from edge_llm.engine.types import FimTokens
 
 

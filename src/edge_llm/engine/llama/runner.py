@@ -14,9 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import llama_cpp
 import numpy as np
 
+from edge_llm.engine.llama.bindings import llama_cpp
 from edge_llm.engine.grammar.compiled import CompiledGrammars
 from edge_llm.engine.grammar.errors import GrammarError
 from edge_llm.engine.grammar.gbnf.tokens import TokenTexts

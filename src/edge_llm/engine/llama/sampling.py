@@ -8,9 +8,9 @@ import random
 import time
 from collections.abc import Callable
 
-import llama_cpp
 import numpy as np
 
+from edge_llm.engine.llama.bindings import llama_cpp
 from edge_llm.engine.grammar.compiled import CompiledGrammars
 from edge_llm.engine.grammar.errors import GrammarError
 from edge_llm.engine.llama.greedy import GreedyPicker

@@ -21,8 +21,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import llama_cpp
-
+from edge_llm.engine.llama.bindings import llama_cpp
 from edge_llm.engine.grammar.gbnf.tokens import TokenTexts
 
 logger = logging.getLogger(__name__)
