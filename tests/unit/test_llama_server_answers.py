@@ -113,3 +113,17 @@ def test_tokenize_detokenize_and_apply_template_answers() -> None:
     assert [set(entry) for entry in with_pieces["tokens"]] == [PIECE, PIECE]  # type: ignore[arg-type]
     assert with_pieces["tokens"] == [{"id": 1, "piece": "ab"}, {"id": 2, "piece": [0xE5]}]
     assert set(answers.detokenized("x")) == DETOKENIZED and set(answers.applied_template("x")) == APPLIED
+
+
+def test_generation_settings_write_every_declared_key_and_llama_servers_unset_values() -> None:
+    def settings(max_tokens: int | None, seed: int | None) -> answers.GenerationSettings:
+        return answers.generation_settings(
+            n_ctx=512, max_tokens=max_tokens, temperature=0.2, top_k=40, top_p=0.9, min_p=0.05, repeat_penalty=1.0,
+            seed=seed, stop=["\n"], stream=False, cache_prompt=True, n_indent=0, t_max_predict_ms=0,
+            speculative=True)
+
+    unset = settings(None, None)
+    assert set(unset) == declared(answers.GenerationSettings)
+    assert (unset["n_predict"], unset["seed"]) == (-1, -1)  # llama-server's "no limit" and "random"
+    assert (settings(16, 7)["n_predict"], settings(16, 7)["seed"]) == (16, 7)
+    assert unset["samplers"] == answers.SAMPLERS and unset["samplers"] is not answers.SAMPLERS

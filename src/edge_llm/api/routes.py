@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from edge_llm.api.errors import APIError
+from edge_llm.api.protocol import health
 from edge_llm.api.protocol.errors import AnthropicErrorResponse, ErrorResponse
 from edge_llm.api.protocol.openai_chat import ChatCompletionRequest
 from edge_llm.api.protocol.openai_answers import ChatCompletion, Completion
@@ -195,24 +196,17 @@ async def unload_model(request: Request) -> JSONResponse:
 async def healthz(request: Request) -> JSONResponse:
     registry = _registry(request)
     alive, status = registry.health()
-    if alive:
-        body: dict[str, Any] = {"status": status, "model_loaded": bool(registry.loaded_clients())}
-        stall = registry.stall()
-        if stall is not None:  # alive (not to be restarted) but slow: /readyz is 503 meanwhile
-            body.update(status="degraded", reason=stall)
-        return JSONResponse(body)
-    return JSONResponse({"status": status}, status_code=503)
+    if alive:  # a stall: alive (not to be restarted) but slow, "degraded"; /readyz is 503 meanwhile
+        return JSONResponse(health.alive(status, bool(registry.loaded_clients()), registry.stall()))
+    return JSONResponse(health.not_alive(status), status_code=503)
 
 
 @router.get("/readyz", summary="Readiness: 200 when the server accepts work, else 503 with the reason")
 async def readyz(request: Request) -> JSONResponse:
     ready, status = request.app.state.lifecycle.readiness()
-    body: dict[str, Any] = {"status": status}
     registry = _registry(request)
-    if status == "degraded":
-        body["reason"] = registry.stall()
-    if registry.on_demand:
-        body["models"] = {entry.name: entry.state.value for entry in registry.entries}
+    models = {entry.name: entry.state.value for entry in registry.entries} if registry.on_demand else None
+    body = health.readiness(status, registry.stall() if status == "degraded" else None, models)
     return JSONResponse(body, status_code=200 if ready else 503)
 
 

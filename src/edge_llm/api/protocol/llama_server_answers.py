@@ -88,6 +88,40 @@ def completion_chunk(index: int, content: str, tokens: list[int], *, predicted: 
     return chunk
 
 
+class GenerationSettings(TypedDict):
+    """server-task.cpp task_params::to_json, the fields this server has: the settings an answer was made with."""
+
+    n_ctx: int
+    n_predict: int
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    repeat_penalty: float
+    seed: int
+    stop: list[str]
+    stream: bool
+    cache_prompt: bool
+    n_indent: int
+    t_max_predict_ms: int
+    speculative: bool
+    samplers: list[str]
+
+
+SAMPLERS = ["top_k", "top_p", "min_p", "temperature"]
+
+
+def generation_settings(*, n_ctx: int, max_tokens: int | None, temperature: float, top_k: int, top_p: float,
+                        min_p: float, repeat_penalty: float, seed: int | None, stop: list[str], stream: bool,
+                        cache_prompt: bool, n_indent: int, t_max_predict_ms: int,
+                        speculative: bool) -> GenerationSettings:
+    return {"n_ctx": n_ctx, "n_predict": -1 if max_tokens is None else max_tokens, "temperature": temperature,
+            "top_k": top_k, "top_p": top_p, "min_p": min_p, "repeat_penalty": repeat_penalty,
+            "seed": -1 if seed is None else seed, "stop": stop, "stream": stream, "cache_prompt": cache_prompt,
+            "n_indent": n_indent, "t_max_predict_ms": t_max_predict_ms, "speculative": speculative,
+            "samplers": list(SAMPLERS)}
+
+
 class CompletionFinal(TypedDict):
     """server-task.cpp server_task_result_cmpl_final::to_json_non_oaicompat: the whole answer (or a stream's end)."""
 
@@ -99,7 +133,7 @@ class CompletionFinal(TypedDict):
     model: str
     tokens_predicted: int
     tokens_evaluated: int
-    generation_settings: dict[str, Any]
+    generation_settings: GenerationSettings
     prompt: str
     has_new_line: bool
     truncated: bool
@@ -111,7 +145,7 @@ class CompletionFinal(TypedDict):
 
 
 def completion_final(index: int, content: str, tokens: list[int], *, model: str, predicted: int, evaluated: int,
-                     settings: dict[str, Any], prompt: str, has_new_line: bool, stop_type: str, stopping_word: str,
+                     settings: GenerationSettings, prompt: str, has_new_line: bool, stop_type: str, stopping_word: str,
                      cached: int, answer_timings: Timings,
                      probabilities: list[dict[str, Any]] | None = None) -> CompletionFinal:
     final: CompletionFinal = {

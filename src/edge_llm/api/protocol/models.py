@@ -1,11 +1,11 @@
-"""The model list (/v1/models) and the bodies of /models/load and /models/unload. Errors use the server's one
+"""The model list (/v1/models) and the bodies and answers of /models/load and /models/unload. Errors use the server's one
 error envelope."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired, TypedDict
 
 from pydantic import BaseModel, Field
 
@@ -65,3 +65,32 @@ def anthropic_models(cards: list[ModelCard]) -> AnthropicModelList:
 def anthropic_model(card: ModelCard) -> AnthropicModelInfo:
     created = datetime.fromtimestamp(card.created, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return AnthropicModelInfo(id=card.id, display_name=card.id, created_at=created)
+
+
+class ModelLoaded(TypedDict):
+    """POST /models/load's answer."""
+
+    model: str
+    state: str
+    load_ms: float
+    keep_alive: str
+
+
+class ModelUnloaded(TypedDict):
+    """POST /models/unload's answer; `unload` says when, while requests in flight keep it loaded."""
+
+    model: str
+    state: str
+    unload: NotRequired[str]
+
+
+def model_loaded(name: str, state: str, load_ms: float, keep_alive: str) -> ModelLoaded:
+    return {"model": name, "state": state, "load_ms": load_ms, "keep_alive": keep_alive}
+
+
+def model_unloaded(name: str, state: str, leases: int | None) -> ModelUnloaded:
+    """`leases`: the requests in flight it waits for, None when it is unloaded already."""
+    answer: ModelUnloaded = {"model": name, "state": state}
+    if leases is not None:
+        answer["unload"] = f"after its {leases} requests in flight end"
+    return answer

@@ -18,8 +18,10 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from edge_llm.api.protocol.llama_server import InfillRequest, NativeGeneration
+from edge_llm.api.protocol import llama_server_answers
 from edge_llm.api.protocol.llama_server_answers import (
     CompletionChunk,
+    GenerationSettings,
     completion_chunk,
     completion_final,
     timings,
@@ -209,16 +211,14 @@ def _progress_chunk(generation: Generation, index: int, step: PrefillProgress, s
                                       "time_ms": (time.monotonic() - started) * 1000})
 
 
-def generation_settings(body: NativeGeneration, defaults: SamplingDefaults, n_ctx: int) -> dict[str, Any]:
+def generation_settings(body: NativeGeneration, defaults: SamplingDefaults, n_ctx: int) -> GenerationSettings:
     """llama-server's `generation_settings`: the settings this answer was generated with."""
     sampling = body.sampling_params(defaults)
-    max_tokens = body.requested_max_tokens()
-    return {"n_ctx": n_ctx, "n_predict": -1 if max_tokens is None else max_tokens,
-            "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
-            "min_p": sampling.min_p, "repeat_penalty": sampling.repeat_penalty,
-            "seed": -1 if sampling.seed is None else sampling.seed, "stop": list(body.stop), "stream": body.stream,
-            "cache_prompt": body.cache_prompt, "n_indent": body.n_indent, "t_max_predict_ms": body.t_max_predict_ms,
-            "speculative": body.speculative, "samplers": ["top_k", "top_p", "min_p", "temperature"]}
+    return llama_server_answers.generation_settings(
+        n_ctx=n_ctx, max_tokens=body.requested_max_tokens(), temperature=sampling.temperature, top_k=sampling.top_k,
+        top_p=sampling.top_p, min_p=sampling.min_p, repeat_penalty=sampling.repeat_penalty, seed=sampling.seed,
+        stop=list(body.stop), stream=body.stream, cache_prompt=body.cache_prompt, n_indent=body.n_indent,
+        t_max_predict_ms=body.t_max_predict_ms, speculative=body.speculative)
 
 
 def _select(result: dict[str, Any], paths: list[str]) -> dict[str, Any]:

@@ -12,7 +12,8 @@ from fastapi import Request
 from edge_llm.api.model_routing import keep_alive_of, unavailable, unknown_model
 from edge_llm.api.params import parse_body
 from edge_llm.api.request_context import request_context
-from edge_llm.api.protocol.models import ModelCard, ModelList, ModelLoadRequest
+from edge_llm.api.protocol.models import (ModelCard, ModelList, ModelLoaded, ModelLoadRequest, ModelUnloaded,
+                                          model_loaded, model_unloaded)
 from edge_llm.api.serving.body import request_json
 from edge_llm.config import Settings
 from edge_llm.registry.keep_alive import describe_keep_alive
@@ -39,7 +40,7 @@ class ModelServing:
     def get_model(self, name: str) -> ModelCard:
         return self.model_card(self._entry(name))
 
-    async def load(self, request: Request) -> dict[str, Any]:
+    async def load(self, request: Request) -> ModelLoaded:
         name, keep_alive = await self._body(request)
         started = time.monotonic()
         try:
@@ -48,19 +49,17 @@ class ModelServing:
             raise unknown_model(exc) from None
         except ModelUnavailableError as exc:
             raise unavailable(exc) from None
-        return {"model": entry.name, "state": entry.state.value,
-                "load_ms": round((time.monotonic() - started) * 1000, 2), "keep_alive": self._keep_alive(entry)}
+        return model_loaded(entry.name, entry.state.value, round((time.monotonic() - started) * 1000, 2),
+                            self._keep_alive(entry))
 
-    async def unload(self, request: Request) -> dict[str, Any]:
+    async def unload(self, request: Request) -> ModelUnloaded:
         name, _ = await self._body(request)
         try:
             entry = await self.registry.unload(name)
         except UnknownModelError as exc:
             raise unknown_model(exc) from None
-        answer: dict[str, Any] = {"model": entry.name, "state": entry.state.value}
-        if entry.state is ModelState.LOADED:
-            answer["unload"] = f"after its {entry.leases} requests in flight end"
-        return answer
+        return model_unloaded(entry.name, entry.state.value,
+                              entry.leases if entry.state is ModelState.LOADED else None)
 
     async def _body(self, request: Request) -> tuple[str, Any]:
         body = await request_json(request)

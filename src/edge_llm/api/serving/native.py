@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 
 from edge_llm import __version__
 from edge_llm.api.protocol.llama_server import NativeCompletionRequest
-from edge_llm.api.protocol.llama_server_answers import Props, applied_template, props
+from edge_llm.api.protocol.llama_server_answers import SAMPLERS, Props, applied_template, props
 from edge_llm.api.protocol.openai_chat import ChatCompletionRequest
 from edge_llm.api.request_context import request_context
 from edge_llm.api.serving import raw_prompts
@@ -58,7 +58,7 @@ class NativeServing(InfillServing):
         defaults = self.defaults
         params = {"temperature": defaults.temperature, "top_p": defaults.top_p, "top_k": defaults.top_k,
                   "n_predict": defaults.max_tokens, "seed": self.settings.seed, "stream": False, "cache_prompt": True,
-                  "samplers": ["top_k", "top_p", "min_p", "temperature"]}
+                  "samplers": list(SAMPLERS)}
         return props(n_ctx=self.context_limit, params=params, total_slots=self.settings.parallel,
                      model_alias=self.first_alias, model_path=str(info.path),
                      chat_template=self.core.chat_template or info.chat_template or "",  # --chat-template first
