@@ -190,6 +190,23 @@ def test_completion_echoes_its_prompt_and_settings_and_names_the_stop_word(serve
     assert unbounded["stop_type"] in ("limit", "eos") and unbounded["stopping_word"] == ""
 
 
+def test_ignore_eos_runs_the_answer_to_n_predict_and_shows_the_banned_end_tokens(server: RunningServer) -> None:
+    # a turn the model closes at once: "OK" then its end token
+    body = {"prompt": "<|im_start|>user\nReply with just OK.<|im_end|>\n<|im_start|>assistant\n", "n_predict": 24,
+            "temperature": 0}
+    ends = httpx.post(server.url + "/completion", json=body, timeout=120).json()
+    assert ends["stop_type"] == "eos" and ends["tokens_predicted"] < 24
+    assert ends["generation_settings"]["logit_bias"] == []
+    runs_on = httpx.post(server.url + "/completion", json={**body, "ignore_eos": True}, timeout=120)
+    assert "x-edge-llm-ignored-fields" not in runs_on.headers
+    answer = runs_on.json()
+    assert answer["stop_type"] == "limit" and answer["tokens_predicted"] == 24
+    end_token = httpx.post(server.url + "/tokenize", json={"content": "<|im_end|>", "parse_special": True},
+                           timeout=60).json()["tokens"]
+    banned = answer["generation_settings"]["logit_bias"]
+    assert all(entry["bias"] is None for entry in banned) and end_token[0] in {entry["token"] for entry in banned}
+
+
 def test_completion_streams_prompt_progress_when_asked(server: RunningServer) -> None:
     # ~2,300 tokens never seen before: several prefill chunks of at most --batch-size (512) tokens.
     text = " ".join(f"Item {i}: the colour of box {i * 41 % 103} is code {i * 67 % 991}." for i in range(160))

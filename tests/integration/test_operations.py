@@ -4,6 +4,7 @@ graceful drain and engine death, each against a real `edge-llm serve` process.""
 from __future__ import annotations
 
 import json
+import os
 import select
 import signal
 import socket
@@ -20,7 +21,7 @@ import pytest
 
 from edge_llm.testing.server import MODEL_ID, RunningServer, environment, free_port, run_server, serve_command
 from tests.fault_server import REPO, STUCK_LINE, fault_server_command, run_fault_server
-from tests.helpers import chat_body, metric, parse_sse, port_of, scrape, sse_events, wait_for
+from tests.helpers import chat_body, metric, parse_sse, port_of, scrape, sse_events, total, wait_for
 
 CHAT = "/v1/chat/completions"
 FLAG_KEY = "sk-test-flag-key"
@@ -286,6 +287,21 @@ def test_body_limit_is_counted(ops: RunningServer) -> None:
     after = scrape(ops, AUTH)
     assert metric(after, "edge_llm_rejections_total", reason="body_too_large") == metric(
         before, "edge_llm_rejections_total", reason="body_too_large") + 1
+
+
+def _process_start_unix(pid: int) -> float:
+    boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
+    ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def test_metrics_carry_the_servers_start_time_as_llama_server_does(ops: RunningServer) -> None:
+    response = httpx.get(ops.url + "/metrics", headers=AUTH)
+    started = int(response.headers["Process-Start-Time-Unix"])
+    load_seconds = total(scrape(ops, AUTH), "edge_llm_model_load_duration_seconds_sum")
+    # set when the app is built: after the process began, before its model was loaded (not at each scrape)
+    process_start = _process_start_unix(ops.process.pid)
+    assert int(process_start) - 1 <= started <= process_start + 30 + load_seconds
 
 
 def test_metrics_move_with_requests(ops: RunningServer) -> None:

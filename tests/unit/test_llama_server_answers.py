@@ -116,14 +116,19 @@ def test_tokenize_detokenize_and_apply_template_answers() -> None:
 
 
 def test_generation_settings_write_every_declared_key_and_llama_servers_unset_values() -> None:
-    def settings(max_tokens: int | None, seed: int | None) -> answers.GenerationSettings:
+    def settings(max_tokens: int | None, seed: int | None, banned: tuple[int, ...] = ()) -> answers.GenerationSettings:
         return answers.generation_settings(
             n_ctx=512, max_tokens=max_tokens, temperature=0.2, top_k=40, top_p=0.9, min_p=0.05, repeat_penalty=1.0,
             seed=seed, stop=["\n"], stream=False, cache_prompt=True, n_indent=0, t_max_predict_ms=0,
-            speculative=True)
+            speculative=True, banned_tokens=banned)
 
     unset = settings(None, None)
     assert set(unset) == declared(answers.GenerationSettings)
     assert (unset["n_predict"], unset["seed"]) == (-1, -1)  # llama-server's "no limit" and "random"
     assert (settings(16, 7)["n_predict"], settings(16, 7)["seed"]) == (16, 7)
     assert unset["samplers"] == answers.SAMPLERS and unset["samplers"] is not answers.SAMPLERS
+    # server-task.cpp format_logit_bias: ignore_eos's end tokens at -inf, which JSON writes as null
+    assert unset["logit_bias"] == []
+    assert settings(None, None, (151643, 151645))["logit_bias"] == [{"bias": None, "token": 151643},
+                                                                    {"bias": None, "token": 151645}]
+    assert declared(answers.LogitBiasEntry) == {"bias", "token"}

@@ -12,6 +12,7 @@ endpoint picker, llm-d, the vLLM production-stack router and KEDA recipes work w
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -70,6 +71,8 @@ class ServerState:
 
 class Metrics:
     def __init__(self) -> None:
+        # llama-server's Process-Start-Time-Unix header on /metrics: when the server started, in whole seconds.
+        self.started_unix = int(time.time())
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.http_requests = Counter(

@@ -212,8 +212,9 @@ async def readyz(request: Request) -> JSONResponse:
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
 async def metrics(request: Request) -> Response:
-    body, content_type = request.app.state.metrics.exposition()
-    return Response(body, media_type=content_type)
+    metrics = request.app.state.metrics
+    body, content_type = metrics.exposition()
+    return Response(body, media_type=content_type, headers={"Process-Start-Time-Unix": str(metrics.started_unix)})
 
 
 # The OpenAPI document lists the request schemas even though the route reads the body itself.

@@ -111,6 +111,7 @@ class ModelInfo:
     control_tokens: dict[str, int] = field(default_factory=dict)
     # the most bytes of text one token stands for: a text of B bytes is at least B / this many tokens (0: unknown)
     max_token_bytes: int = 0
+    end_tokens: tuple[int, ...] = ()  # the end-of-generation tokens (what ignore_eos bans)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ def native_sampling(defaults: SamplingDefaults, fields: Any, grammar: str | None
         presence_penalty=getattr(fields, "presence_penalty", None) or 0.0,
         frequency_penalty=getattr(fields, "frequency_penalty", None) or 0.0,
         repeat_penalty=fields.repeat_penalty or 1.0,
+        ignore_eos=getattr(fields, "ignore_eos", False),
         grammar=grammar,
     )
 
@@ -75,6 +76,7 @@ class NativeGeneration(RequestModel):
     stop: list[str] = Field(default_factory=list, max_length=MAX_STOP_STRINGS)
     cache_prompt: bool = True  # false: this request neither reuses nor leaves a prefix-cache entry
     speculative: bool = True  # false: no speculative decoding for this request (see --speculative)
+    ignore_eos: bool = False  # end-of-generation tokens are never sampled: the answer runs to n_predict
     response_fields: list[str] | None = Field(None, max_length=64)
     return_progress: bool = False  # a stream also sends `prompt_progress` chunks while the prompt is computed
     return_tokens: bool = False  # the token ids in `tokens`: each chunk's, and all of them in a whole answer

@@ -88,6 +88,13 @@ def completion_chunk(index: int, content: str, tokens: list[int], *, predicted: 
     return chunk
 
 
+class LogitBiasEntry(TypedDict):
+    """server-task.cpp task_params::format_logit_bias: a bias of minus infinity is JSON's null."""
+
+    bias: float | None
+    token: int
+
+
 class GenerationSettings(TypedDict):
     """server-task.cpp task_params::to_json, the fields this server has: the settings an answer was made with."""
 
@@ -106,6 +113,7 @@ class GenerationSettings(TypedDict):
     t_max_predict_ms: int
     speculative: bool
     samplers: list[str]
+    logit_bias: list[LogitBiasEntry]
 
 
 SAMPLERS = ["top_k", "top_p", "min_p", "temperature"]
@@ -113,13 +121,14 @@ SAMPLERS = ["top_k", "top_p", "min_p", "temperature"]
 
 def generation_settings(*, n_ctx: int, max_tokens: int | None, temperature: float, top_k: int, top_p: float,
                         min_p: float, repeat_penalty: float, seed: int | None, stop: list[str], stream: bool,
-                        cache_prompt: bool, n_indent: int, t_max_predict_ms: int,
-                        speculative: bool) -> GenerationSettings:
+                        cache_prompt: bool, n_indent: int, t_max_predict_ms: int, speculative: bool,
+                        banned_tokens: tuple[int, ...]) -> GenerationSettings:
+    """`banned_tokens`: the tokens never sampled (ignore_eos bans the end tokens), llama-server's -inf biases."""
     return {"n_ctx": n_ctx, "n_predict": -1 if max_tokens is None else max_tokens, "temperature": temperature,
             "top_k": top_k, "top_p": top_p, "min_p": min_p, "repeat_penalty": repeat_penalty,
             "seed": -1 if seed is None else seed, "stop": stop, "stream": stream, "cache_prompt": cache_prompt,
             "n_indent": n_indent, "t_max_predict_ms": t_max_predict_ms, "speculative": speculative,
-            "samplers": list(SAMPLERS)}
+            "samplers": list(SAMPLERS), "logit_bias": [{"bias": None, "token": token} for token in banned_tokens]}
 
 
 class CompletionFinal(TypedDict):

@@ -157,6 +157,10 @@ class InfillServing(Serving):
         except _Failure as failure:
             yield encode_json_event(error_body(failure.failed))
 
+    def _end_tokens(self) -> tuple[int, ...]:
+        info = self.engine.model_info
+        return info.end_tokens if info is not None else ()
+
     def _final(self, generation: Generation, body: NativeGeneration, index: int, progress: _Progress,
                prompts: list[str], *, streamed: bool = False) -> dict[str, Any]:
         finished = progress.finished
@@ -169,7 +173,7 @@ class InfillServing(Serving):
             [token.token for token in progress.sent] if body.return_tokens and not streamed else [],
             model=self.first_alias,
             predicted=predicted, evaluated=prompt_tokens,
-            settings=generation_settings(body, self.defaults, self.context_limit),
+            settings=generation_settings(body, self.defaults, self.context_limit, self._end_tokens()),
             prompt=prompts[generation.prompt_of_choice[index]], has_new_line="\n" in content,
             stop_type=_stop_type(finished, progress.cut),
             stopping_word=finished.stop_sequence or "" if finished is not None and not progress.cut else "",
@@ -211,14 +215,16 @@ def _progress_chunk(generation: Generation, index: int, step: PrefillProgress, s
                                       "time_ms": (time.monotonic() - started) * 1000})
 
 
-def generation_settings(body: NativeGeneration, defaults: SamplingDefaults, n_ctx: int) -> GenerationSettings:
+def generation_settings(body: NativeGeneration, defaults: SamplingDefaults, n_ctx: int,
+                        end_tokens: tuple[int, ...]) -> GenerationSettings:
     """llama-server's `generation_settings`: the settings this answer was generated with."""
     sampling = body.sampling_params(defaults)
     return llama_server_answers.generation_settings(
         n_ctx=n_ctx, max_tokens=body.requested_max_tokens(), temperature=sampling.temperature, top_k=sampling.top_k,
         top_p=sampling.top_p, min_p=sampling.min_p, repeat_penalty=sampling.repeat_penalty, seed=sampling.seed,
         stop=list(body.stop), stream=body.stream, cache_prompt=body.cache_prompt, n_indent=body.n_indent,
-        t_max_predict_ms=body.t_max_predict_ms, speculative=body.speculative)
+        t_max_predict_ms=body.t_max_predict_ms, speculative=body.speculative,
+        banned_tokens=end_tokens if body.ignore_eos else ())
 
 
 def _select(result: dict[str, Any], paths: list[str]) -> dict[str, Any]:

@@ -208,6 +208,7 @@ class LlamaRunner:
                                      max(1, llama_cpp.llama_model_n_ctx_train(self._model))),
             control_tokens=self._control,
             max_token_bytes=self._longest_token,
+            end_tokens=tuple(self._end_tokens),
         )
 
     def _special_text(self, token: int) -> str:
