@@ -27,6 +27,7 @@ from edge_llm.api.protocol.errors import ollama_error
 from edge_llm.api.protocol import responses_answers as responses
 from edge_llm.api.serving.outcome import error_body, failure_error
 from edge_llm.api.protocol.responses import ResponsesRequest
+from edge_llm.api.protocol import openai_answers
 from edge_llm.api.protocol.openai_answers import (
     StreamHead,
     chat_choice,
@@ -128,6 +129,19 @@ def test_a_text_completion_is_the_sdks_completion() -> None:
     assert parsed.choices[0].logprobs.text_offset == [5, 7] and parsed.choices[0].logprobs.tokens == ["Hi", "\ufffd"]
     assert parsed.choices[0].logprobs.top_logprobs[0] == {"Hi": -0.5, "Ho": -1.5}
     assert body["choices"][1]["logprobs"] is None and body["system_fingerprint"] is None
+
+
+def test_the_documented_answer_models_describe_what_the_encoders_send() -> None:
+    """The pydantic models the OpenAPI document shows (ChatCompletion, Completion) read each encoder's answer back
+    whole: the same keys in the same order, so the documented schema cannot drift from the wire."""
+    chat = chat_completion("chatcmpl-1", "qwen", [chat_choice(0, "Hi", [], "stop", chat_logprobs(TOKENS)),
+                                                 chat_choice(1, None, [CALL], "tool_calls")], OPENAI_USAGE, TIMINGS)
+    text = text_completion("cmpl-1", "qwen", [completion_choice(0, "Hi", "length", completion_logprobs(TOKENS, 0))],
+                           OPENAI_USAGE, TIMINGS)
+    for documented, body in ((openai_answers.ChatCompletion, chat), (openai_answers.Completion, text)):
+        read = documented.model_validate(body).model_dump(mode="json")
+        assert list(read) == list(body)
+        assert [list(choice) for choice in read["choices"]] == [list(choice) for choice in body["choices"]]
 
 
 # ---- Anthropic ---------------------------------------------------------------------------------------
