@@ -104,8 +104,9 @@ class _Tee(httpx2.SyncByteStream):
         self._stream.close()
 
 
-def long_prompt(topic: str, entries: int = 160) -> str:
-    """About 2,300 tokens (for 160 entries) that no other test sends: a prefill of several --batch-size chunks."""
+def long_prompt(topic: str, entries: int = 24) -> str:
+    """About 350 tokens (for 24 entries; ~14.5 tokens each) that no other test sends: on `small_chunks_server` a
+    prefill of several --batch-size chunks."""
     return " ".join(f"{topic} {i}: the value of slot {i * 37 % 101} is {i * 59 % 997}." for i in range(entries))
 
 

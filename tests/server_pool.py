@@ -18,6 +18,8 @@ SHARED_SERVERS = 3
 # The session fixtures' flags (tests/integration/conftest.py): `server` and `repeatable_server`.
 DEFAULT_FLAGS = ("--parallel", "4")
 REPEATABLE_FLAGS = ("--parallel", "1", "--cache-slots", "0")
+# The prefill chunk of `small_chunks_server` (its --batch-size).
+SMALL_CHUNK = 64
 
 ServerWith = Callable[..., RunningServer]
 Key = tuple[tuple[str, ...], Path | None]

@@ -6,7 +6,7 @@ import openai
 import pytest
 
 from edge_llm.testing.server import MODEL_ID, RunningServer, run_server
-from tests.server_pool import DEFAULT_FLAGS, REPEATABLE_FLAGS, ServerWith
+from tests.server_pool import DEFAULT_FLAGS, REPEATABLE_FLAGS, SMALL_CHUNK, ServerWith
 
 
 @pytest.fixture(scope="session")
@@ -31,6 +31,14 @@ def repeatable_server(server_with: ServerWith) -> RunningServer:
 @pytest.fixture(scope="session")
 def repeatable_client(repeatable_server: RunningServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=repeatable_server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="session")
+def small_chunks_server(server_with: ServerWith) -> RunningServer:
+    """The default server with prompts prefilled in chunks of 64 tokens (--batch-size 64): a prompt of a few hundred
+    tokens moves through many chunks, so the tests of what a stream shows while its prompt is prefilled need no
+    long prompt. Shared by those tests in several modules."""
+    return server_with(*DEFAULT_FLAGS, "--batch-size", str(SMALL_CHUNK), keep=True)
 
 
 @pytest.fixture(scope="session")

@@ -207,11 +207,11 @@ def test_ignore_eos_runs_the_answer_to_n_predict_and_shows_the_banned_end_tokens
     assert all(entry["bias"] is None for entry in banned) and end_token[0] in {entry["token"] for entry in banned}
 
 
-def test_completion_streams_prompt_progress_when_asked(server: RunningServer) -> None:
-    # ~2,300 tokens never seen before: several prefill chunks of at most --batch-size (512) tokens.
-    text = " ".join(f"Item {i}: the colour of box {i * 41 % 103} is code {i * 67 % 991}." for i in range(160))
+def test_completion_streams_prompt_progress_when_asked(small_chunks_server: RunningServer) -> None:
+    # ~350 tokens never seen before: several prefill chunks of at most --batch-size (64) tokens.
+    text = " ".join(f"Item {i}: the colour of box {i * 41 % 103} is code {i * 67 % 991}." for i in range(24))
     body = {"prompt": text, "n_predict": 2, "stream": True, "return_progress": True}
-    with httpx.stream("POST", server.url + "/completion", json=body, timeout=300) as response:
+    with httpx.stream("POST", small_chunks_server.url + "/completion", json=body, timeout=300) as response:
         assert response.status_code == 200
         events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
     steps = [event["prompt_progress"] for event in events if "prompt_progress" in event]

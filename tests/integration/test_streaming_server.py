@@ -12,6 +12,7 @@ import pytest
 
 from edge_llm.testing.server import RunningServer
 from tests.helpers import metric, parse_sse, scrape, sse_events, wait_for
+from tests.server_pool import SMALL_CHUNK
 
 CHAT = "/v1/chat/completions"
 
@@ -322,9 +323,11 @@ def test_disconnect_while_queued_is_dropped(serial_server: RunningServer) -> Non
     assert done["timings"]["queue_ms"] < 5000, done
 
 
-def test_a_long_prompt_shows_its_prefill_moving_in_comment_lines(server: RunningServer, model_id: str) -> None:
-    # ~2,300 tokens never seen before: several prefill chunks of at most --batch-size (512) tokens.
-    text = " ".join(f"Entry {i}: the value of register {i * 37 % 101} is {i * 59 % 997}." for i in range(160))
+def test_a_long_prompt_shows_its_prefill_moving_in_comment_lines(small_chunks_server: RunningServer,
+                                                                  model_id: str) -> None:
+    # ~350 tokens never seen before: several prefill chunks of at most --batch-size (64) tokens.
+    server = small_chunks_server
+    text = " ".join(f"Entry {i}: the value of register {i * 37 % 101} is {i * 59 % 997}." for i in range(24))
     body = {"model": model_id, "messages": [{"role": "user", "content": text + "\nWhich entry mentions 420?"}],
             "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}}
     notes: list[tuple[int, int]] = []
@@ -341,7 +344,7 @@ def test_a_long_prompt_shows_its_prefill_moving_in_comment_lines(server: Running
                 if first_data_after_notes is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
                     first_data_after_notes = len(notes)
                 usage = chunk.get("usage") or usage
-    assert usage is not None and usage["prompt_tokens"] > 2000
+    assert usage is not None and usage["prompt_tokens"] > 4 * SMALL_CHUNK
     assert len(notes) >= 3, notes
     assert {total for _, total in notes} == {usage["prompt_tokens"]}
     done = [d for d, _ in notes]
