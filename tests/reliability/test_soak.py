@@ -2,7 +2,8 @@
 random points. Every request that was not cut off completes in full; the server's anonymous memory settles;
 the engine's sequences, queue and KV reservations come back down.
 
-`EDGE_LLM_SOAK_REQUESTS` (default 200) sets the number of requests, `EDGE_LLM_SOAK_CLIENTS` (default 6) the
+Opt-in: the default run leaves it out (`soak` marker); `pytest -m soak` runs it, and so does `.ci/run` after the
+suite. `EDGE_LLM_SOAK_REQUESTS` (default 200) sets the number of requests, `EDGE_LLM_SOAK_CLIENTS` (default 6) the
 concurrent clients, `EDGE_LLM_SOAK_RSS_BOUND_MIB` (default 8) the bound on RssAnon growth per 100 requests.
 """
 
@@ -208,6 +209,7 @@ def one_request(client: httpx.Client, server: RunningServer, rng: random.Random,
     return outcome
 
 
+@pytest.mark.soak
 def test_soak(soak_server: RunningServer, capsys: pytest.CaptureFixture[str]) -> None:
     pid = soak_server.process.pid
     before = scrape(soak_server)
