@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "clients"
 FIXTURES = sorted(CORPUS.glob("*/*.json"))
-STRING_CUT = 200
+STRING_CUT = 60
 NEW_TOKENS = 4
 SENT_HEADERS = ("content-type", "accept", "anthropic-version", "anthropic-beta")
 # The key that bounds the answer, per route.
