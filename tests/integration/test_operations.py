@@ -22,6 +22,7 @@ import pytest
 from edge_llm.testing.server import MODEL_ID, RunningServer, environment, free_port, run_server, serve_command
 from tests.fault_server import REPO, STUCK_LINE, fault_server_command, run_fault_server
 from tests.helpers import chat_body, metric, parse_sse, port_of, scrape, sse_events, total, wait_for
+from tests.server_pool import DEFAULT_FLAGS, ServerWith
 
 CHAT = "/v1/chat/completions"
 FLAG_KEY = "sk-test-flag-key"
@@ -443,9 +444,9 @@ def test_log_prompts_puts_prompt_and_output_in_the_access_line(streams: RunningS
 
 @pytest.fixture(scope="module")
 def mortal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, list[tuple[int, str]]]]:
-    """The fault server (its engine thread dies on SIGUSR1) with a 3-second request deadline;
-    the statuses /readyz gave while it loaded come along."""
-    with spawned(tmp_path_factory.mktemp("mortal"), "--request-timeout", "3", faults=True) as server:
+    """The fault server (its engine thread dies on SIGUSR1); the statuses /readyz gave while it loaded come along.
+    No request deadline here: a stream that the test kills must still be running when the signal arrives."""
+    with spawned(tmp_path_factory.mktemp("mortal"), faults=True) as server:
         def readiness() -> tuple[int, str]:
             assert httpx.get(server.url + "/healthz", timeout=30).status_code == 200  # alive throughout
             ready = httpx.get(server.url + "/readyz", timeout=30)
@@ -469,8 +470,9 @@ def test_readiness_through_load(mortal: tuple[RunningServer, list[tuple[int, str
     assert seen == [(503, "loading"), (200, "ready")]  # it listens while the model loads, then is ready
 
 
-def test_request_timeout_ends_with_the_partial_output(mortal: tuple[RunningServer, list]) -> None:
-    server, _ = mortal
+def test_request_timeout_ends_with_the_partial_output(server_with: ServerWith) -> None:
+    server = server_with(*DEFAULT_FLAGS, "--request-timeout", "3")
+    timeouts_before = metric(scrape(server), "edge_llm_generations_finished_total", reason="timeout")
     started = time.monotonic()
     response = httpx.post(server.url + CHAT, json=chat_body(LONG_TASK, max_tokens=3000), timeout=TIMEOUT)
     elapsed = time.monotonic() - started
@@ -482,7 +484,7 @@ def test_request_timeout_ends_with_the_partial_output(mortal: tuple[RunningServe
     _, events = stream_simple(server, {"prompt": LONG_TASK, "temperature": 0, "max_tokens": 3000})
     assert events[-1][0] == "done"
     assert json.loads(events[-1][1])["finish_reason"] == "timeout"
-    assert metric(scrape(server), "edge_llm_generations_finished_total", reason="timeout") == 2
+    assert metric(scrape(server), "edge_llm_generations_finished_total", reason="timeout") - timeouts_before == 2
 
 
 def stream_simple(server: RunningServer, body: dict[str, Any]) -> tuple[httpx.Response, list[tuple[str, str]]]:
