@@ -697,3 +697,73 @@ def test_preemptions_are_counted_per_sequence_and_in_all_and_the_first_ones_outp
     assert {q.request_id: q.preemptions for q in seqs} == counted and s.preemptions == sum(counted.values())
     assert {q.request_id: q.generated_at_first_preemption for q in seqs if q.preemptions} == first_generated
     assert all(d.output[q.request_id] == [1000 + g for g in range(q.max_tokens)] for q in seqs)
+
+
+def test_a_prompt_alone_takes_the_last_free_cell_and_evicts_the_cache_when_none_is_left() -> None:
+    s = Scheduler(n_ctx=37, batch_size=4, parallel=2, cache_slots=1)
+    d = Driver(s)
+    a = s.add("a", [1, 2, 3, 4], 6)
+    d.step()
+    b = s.add("b", [100 + i for i in range(30)], 2)
+    for _ in range(8):  # a decodes to its end (a cache entry of 9 cells) while b prefills in chunks
+        d.step()
+    assert a.phase is Phase.DECODE and a not in s.running and len(s.cache) == 1
+    assert (b.phase, b.n_past, s.free_cells) == (Phase.PREFILL, 27, 1)
+    plan = d.step()  # nothing decodes: one cell is enough, and the chunk takes only that one
+    assert plan.tokens == [127] and b.n_past == 28 and len(s.cache) == 1 and s.evictions["kv_cells"] == 0
+    assert s.free_cells == 0
+    plan = d.step()  # no cell left for the prompt: the cache goes
+    assert s.evictions["kv_cells"] == 1 and plan.tokens == [128, 129] and b.phase is Phase.DECODE
+    d.run()
+    assert d.output["b"] == [1000, 1001]
+
+
+def test_a_step_that_an_eviction_leaves_short_preempts_in_the_same_step() -> None:
+    s = Scheduler(n_ctx=25, batch_size=8, parallel=2, cache_slots=1)
+    d = Driver(s)
+    s.add("entry", [9], 1)
+    d.run()
+    a, b = s.add("a", [1, 2, 3, 4], 20), s.add("b", [5, 6, 7, 8], 20)
+    while s.free_cells:
+        d.step()
+    assert len(s.cache) == 1 and s.kv_cells_used == 25  # the entry's one cell and 12 each: 2 decode tokens need 2
+    plan = d.step()
+    assert s.evictions["kv_cells"] == 1 and plan.preempted == [b] and plan.tokens[0] == a.kv_tokens[-1]
+    d.run()
+    assert d.output["a"] == d.output["b"] == [1000 + i for i in range(20)]
+
+
+def test_a_prompt_chunk_leaves_the_cells_a_pinned_sequence_may_still_fill() -> None:
+    s = Scheduler(n_ctx=37, batch_size=4, parallel=3, cache_slots=0, max_preemptions=1)
+    d = Driver(s)
+    pinned = s.add("pinned", [1, 2, 3], 16)
+    pinned.preemptions = 1  # as if preempted once: admitted with room for its whole answer
+    other = s.add("other", [4, 5, 6], 20)
+    d.step()
+    b = s.add("b", [100 + i for i in range(12)], 2)
+    progress = []
+    for _ in range(9):
+        d.step()
+        progress.append(b.n_past)
+        assert s.free_cells >= 0
+    # Two decode tokens a step; b's chunks take what the pinned answer's 15 - k cells leave, then wait for cells.
+    assert progress == [1, 3, 5, 7, 9, 10, 10, 10, 10]
+    assert pinned.n_past == 12 and other.n_past == 11
+    d.run()
+    assert d.output["pinned"] == [1000 + i for i in range(16)] and d.output["b"] == [1000, 1001]
+
+
+def test_the_newest_sequence_not_pinned_is_preempted_even_when_a_pinned_one_is_newer() -> None:
+    s = Scheduler(n_ctx=56, batch_size=8, parallel=2, cache_slots=0, max_preemptions=1)
+    d = Driver(s)
+    a = s.add("a", [1, 2, 3, 4], 50)
+    d.step()
+    pinned = s.add("pinned", [5, 6, 7, 8], 30)
+    pinned.preemptions = 1  # as if preempted once: admitted with room for its whole answer, never preempted again
+    preempted = []
+    while not preempted:
+        preempted = d.step().preempted
+    assert preempted == [a] and s.running == [pinned]
+    assert (a.phase, a.seq_id, a.n_past, a.leader, a.shared) == (Phase.WAITING, -1, 0, None, 0)
+    d.run()
+    assert d.output["a"] == [1000 + i for i in range(50)] and d.output["pinned"] == [1000 + i for i in range(30)]
