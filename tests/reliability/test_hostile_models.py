@@ -1,5 +1,6 @@
 """Hostile models (issue 6): a chat template that reaches for Python internals (CVE-2024-34359), and model
-files that are truncated, empty or not GGUF at all."""
+files that are truncated, empty or not GGUF at all. Built from the small model (tests/helpers.py small_model):
+nothing here depends on what the model answers."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from edge_llm.testing.server import MODEL, RunningServer, free_port, run_server
+from edge_llm.testing.server import RunningServer, free_port, run_server
+from tests.helpers import SMALL_MODEL_CHAT, small_model
 from tests.reliability.gguf_rewrite import rewritten, with_chat_template
 from tests.reliability.support import (
     CHAT,
@@ -72,10 +74,10 @@ def marker(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def hostile_model(tmp_path_factory: pytest.TempPathFactory, marker: Path) -> Iterator[Path]:
-    path = with_chat_template(MODEL, tmp_path_factory.mktemp("model") / "hostile-template.gguf",
+    path = with_chat_template(small_model(), tmp_path_factory.mktemp("model") / "hostile-template.gguf",
                               hostile_template(marker))
     yield path
-    path.unlink(missing_ok=True)  # 491 MB
+    path.unlink(missing_ok=True)  # 253 MB
 
 
 @pytest.fixture(scope="module")
@@ -175,11 +177,11 @@ def make_bad_model(kind: str, tmp: Path) -> Path:
     elif kind == "random bytes":
         path.write_bytes(os.urandom(4096))
     elif kind == "truncated header":
-        write_prefix(MODEL, path, 40)
+        write_prefix(small_model(), path, 40)
     elif kind == "truncated at 1 MB":
-        write_prefix(MODEL, path, 1_000_000)
+        write_prefix(small_model(), path, 1_000_000)
     elif kind == "truncated at 60 %":
-        write_prefix(MODEL, path, MODEL.stat().st_size * 6 // 10)
+        write_prefix(small_model(), path, small_model().stat().st_size * 6 // 10)
     elif kind == "huge string length":  # one key-value whose key claims 2^63 bytes
         path.write_bytes(gguf_header(3, 0, 1) + struct.pack("<Q", 2 ** 63) + b"k" * 64)
     elif kind == "huge counts":
@@ -219,10 +221,11 @@ def test_a_bad_model_file_stops_start_up_with_one_clear_line(tmp_path: Path, kin
 def test_a_model_that_attends_ahead_gets_a_clear_400_for_embeddings(tmp_path: Path) -> None:
     """Embeddings are computed a chunk at a time, which needs causal attention: a model whose GGUF says its
     attention looks ahead (BERT-like embedding models) is refused with a clear error, and the server stays up."""
-    model = rewritten(MODEL, tmp_path / "attends-ahead.gguf", flags={"attention.causal": False})
+    model = rewritten(small_model(), tmp_path / "attends-ahead.gguf", flags={"attention.causal": False})
     (tmp_path / "server").mkdir()
     try:
-        with run_server(tmp_path / "server", "--max-tokens-cap", "2", "--model", str(model)) as server:
+        with run_server(tmp_path / "server", "--max-tokens-cap", "2", *SMALL_MODEL_CHAT,
+                        "--model", str(model)) as server:
             alone = neighbour_alone(server)
             with neighbours_beside(server, alone, "embeddings of a model that attends ahead"):
                 response = httpx.post(server.url + "/v1/embeddings", json={"input": "hello"}, timeout=TIMEOUT)
@@ -231,4 +234,4 @@ def test_a_model_that_attends_ahead_gets_a_clear_400_for_embeddings(tmp_path: Pa
             assert_serving(server)
             assert_no_unhandled_errors(server)
     finally:
-        model.unlink(missing_ok=True)  # 491 MB
+        model.unlink(missing_ok=True)  # 253 MB
