@@ -24,20 +24,19 @@ from typing import Any
 import httpx
 import pytest
 
-from edge_llm.testing.server import (MODEL_ID, RunningServer, environment, free_port, require_model, serve_command,
-                                     stop, wait_ready)
-from tests.helpers import chat_body, metric, scrape, sse_events, wait_for
+from edge_llm.testing.server import RunningServer, environment, free_port, serve_command, stop, wait_ready
+from tests.helpers import SMALL_MODEL_CHAT, chat_body, metric, scrape, small_model, sse_events, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "deploy" / "nginx" / "edge-llm.conf"
 NGINX = Path(os.environ.get("EDGE_LLM_TEST_NGINX") or "/usr/sbin/nginx")
 ARTIFACTS = REPO / "test-artifacts"
 CHAT = "/v1/chat/completions"
-# Small replicas: one thread each (three share the machine), a small context; four sequences, so however the
-# balancer spreads the kill test's four streams, each of them runs at once.
-REPLICA_FLAGS = ("--parallel", "4", "--ctx-size", "4096", "--drain-timeout", "60")
+# Small replicas: the small model (what is tested is routing and caching, not the answers), one thread each (three
+# share the machine), a small context; four sequences, so however the balancer spreads the kill test's four streams,
+# each of them runs at once.
+REPLICA_FLAGS = ("--parallel", "4", "--ctx-size", "4096", "--drain-timeout", "60", *SMALL_MODEL_CHAT)
 TIMEOUT = 300
-VLLM_LABELS = {"model_name": MODEL_ID, "engine": "0"}
 
 
 def require_nginx() -> None:
@@ -65,7 +64,7 @@ class Replica:
         self.starts += 1
         log_path = self.log_dir / f"replica-{self.index}-start-{self.starts}.log"
         with log_path.open("wb") as log:
-            process = subprocess.Popen(serve_command(self.port, *REPLICA_FLAGS, threads=1), stdout=log,
+            process = subprocess.Popen(serve_command(self.port, *REPLICA_FLAGS, model=small_model(), threads=1), stdout=log,
                                        stderr=subprocess.STDOUT, env=environment(None))
         self.server = RunningServer(f"http://{self.address}", process, log_path)
 
@@ -80,7 +79,8 @@ class Replica:
 
     def running(self) -> float:
         assert self.server is not None
-        return metric(scrape(self.server), "vllm:num_requests_running", **VLLM_LABELS)
+        return metric(scrape(self.server), "vllm:num_requests_running",
+                      model_name=small_model().name.removesuffix(".gguf"), engine="0")
 
     def chats_served(self) -> float:
         assert self.server is not None
@@ -169,7 +169,7 @@ def test_nginx_accepts_the_shipped_config(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Replica]]:
     require_nginx()
-    require_model()
+    small_model()  # fetched before the replicas start
     log_dir = tmp_path_factory.mktemp("replicas")
     started = [Replica(log_dir, index) for index in range(3)]
     try:
