@@ -767,3 +767,17 @@ def test_the_newest_sequence_not_pinned_is_preempted_even_when_a_pinned_one_is_n
     assert (a.phase, a.seq_id, a.n_past, a.leader, a.shared) == (Phase.WAITING, -1, 0, None, 0)
     d.run()
     assert d.output["a"] == [1000 + i for i in range(50)] and d.output["pinned"] == [1000 + i for i in range(30)]
+
+
+def test_a_step_with_nothing_to_compute_evicts_nothing_for_a_sequence_not_sampled_yet() -> None:
+    s = Scheduler(n_ctx=12, batch_size=8, parallel=2, cache_slots=1)
+    b = s.add("b", [5, 5, 5], 7)
+    s.step()
+    s.on_sampled(b, 100)
+    a = s.add("a", [1, 2, 3], 5)
+    while b.generated < 7:  # a's prompt is computed in the first of these steps, and a is never sampled
+        s.step()
+        s.on_sampled(b, 100 + b.generated)
+    s.remove(b, keep_in_cache=True)
+    assert (a.phase, a.pending_token, s.free_cells, len(s.cache)) == (Phase.DECODE, None, 0, 1)
+    assert s.step().empty and len(s.cache) == 1 and sum(s.evictions.values()) == 0
