@@ -23,7 +23,8 @@ from edge_llm.api.protocol import anthropic_answers as anthropic
 from edge_llm.api.protocol import ollama_answers
 from edge_llm.api.errors import APIError
 from edge_llm.api.protocol.embeddings import embedding_list
-from edge_llm.api.protocol.errors import ollama_error
+from edge_llm.api.protocol import errors as error_envelopes
+from edge_llm.api.protocol.errors import anthropic_error_type, ollama_error, openai_error_type
 from edge_llm.api.protocol import responses_answers as responses
 from edge_llm.api.serving.outcome import error_body, failure_error
 from edge_llm.api.protocol.responses import ResponsesRequest
@@ -320,6 +321,34 @@ def test_an_anthropic_error_without_a_code_has_no_details() -> None:
     body = APIError(404, "no such model").anthropic_body()
     validated(AnthropicErrorResponse, dict(body))
     assert body == {"type": "error", "error": {"type": "not_found_error", "message": "no such model"}}
+
+
+@pytest.mark.parametrize(("status", "openai_type", "anthropic_type"), [
+    (400, "invalid_request_error", "invalid_request_error"), (401, "authentication_error", "authentication_error"),
+    (403, "permission_error", "permission_error"), (404, "not_found_error", "not_found_error"),
+    (408, "invalid_request_error", "invalid_request_error"), (409, "invalid_request_error", "invalid_request_error"),
+    (413, "invalid_request_error", "request_too_large"), (429, "rate_limit_error", "rate_limit_error"),
+    (431, "invalid_request_error", "invalid_request_error"), (499, "invalid_request_error", "invalid_request_error"),
+    (500, "server_error", "api_error"), (503, "server_error", "overloaded_error"),
+    (529, "server_error", "overloaded_error"),
+])
+def test_each_status_has_one_error_type_per_envelope(status: int, openai_type: str, anthropic_type: str) -> None:
+    # One mapping for every sender (APIError's answers and the connection guard's raw ones): a 4xx that is not
+    # named is the request's fault, never a server_error.
+    assert openai_error_type(status) == openai_type and anthropic_error_type(status) == anthropic_type
+    error = APIError(status, "m")
+    assert error.openai_body()["error"]["type"] == openai_type
+    assert error.anthropic_body()["error"]["type"] == anthropic_type
+
+
+def test_the_documented_error_envelopes_read_the_sent_ones_back_unchanged() -> None:
+    # The OpenAPI document's pydantic envelopes and the TypedDict ones that are sent cannot drift apart.
+    sent_openai = dict(APIError(409, "busy", code="model_busy", param="model").openai_body())
+    assert error_envelopes.ErrorResponse.model_validate(sent_openai).model_dump() == sent_openai
+    sent_anthropic = dict(error_envelopes.anthropic_error("not_found_error", "no such model"))
+    assert error_envelopes.AnthropicErrorResponse.model_validate(sent_anthropic).model_dump() == sent_anthropic
+    sent_ollama = dict(ollama_error("model 'x' not found"))
+    assert error_envelopes.OllamaErrorResponse.model_validate(sent_ollama).model_dump() == sent_ollama
 
 
 def test_an_ollama_error_line_is_what_the_client_raises() -> None:

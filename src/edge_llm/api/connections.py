@@ -29,7 +29,7 @@ import h11
 from prometheus_client import Counter
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from edge_llm.api.protocol.errors import openai_error
+from edge_llm.api.protocol.errors import openai_error, openai_error_type
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +54,7 @@ def connection_cap(requested: int | None) -> int:
 
 def _raw_response(status: int, reason: str, code: str, message: str, extra: str = "") -> bytes:
     """A response written on the socket itself (h11 cannot answer a request it has not read), in OpenAI's envelope."""
-    kind = "server_error" if status >= 500 else "invalid_request_error"
-    body = json.dumps(openai_error(message, kind, code=code)).encode()
+    body = json.dumps(openai_error(message, openai_error_type(status), code=code)).encode()
     head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
             f"connection: close\r\n{extra}\r\n")
     return head.encode("ascii") + body

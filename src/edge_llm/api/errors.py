@@ -19,8 +19,10 @@ from edge_llm.api.protocol.errors import (
     AnthropicErrorBody,
     OpenAIErrorBody,
     anthropic_error,
+    anthropic_error_type,
     ollama_error,
     openai_error,
+    openai_error_type,
 )
 from edge_llm.api.request_context import scope_context
 from edge_llm.prompting.chat_template import TemplateError
@@ -28,29 +30,8 @@ from edge_llm.engine.types import EngineUnavailableError, QueueFullError
 
 logger = logging.getLogger(__name__)
 
-_TYPE_BY_STATUS = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    429: "rate_limit_error",
-    503: "server_error",
-}
-
 # The routes whose clients (the anthropic SDKs, Claude Code) read Anthropic's envelope.
 ANTHROPIC_PATH = "/v1/messages"
-_ANTHROPIC_TYPE_BY_STATUS = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    503: "overloaded_error",  # queue full, engine unavailable, shutting down (with Retry-After)
-    529: "overloaded_error",
-}
 
 
 def speaks_anthropic(path: str | None) -> bool:
@@ -85,7 +66,7 @@ class APIError(Exception):
         self.ollama_message = ollama_message
         self.code = code
         self.param = param
-        self.error_type = error_type or _TYPE_BY_STATUS.get(status, "server_error")
+        self.error_type = error_type or openai_error_type(status)
         self.headers = headers
 
     def openai_body(self) -> OpenAIErrorBody:
@@ -93,8 +74,7 @@ class APIError(Exception):
 
     def anthropic_body(self) -> AnthropicErrorBody:
         """Anthropic's envelope; our own code rides in `details.error_code`, where Anthropic puts its codes."""
-        fallback = "api_error" if self.status >= 500 else "invalid_request_error"
-        return anthropic_error(_ANTHROPIC_TYPE_BY_STATUS.get(self.status, fallback), self.message, self.code)
+        return anthropic_error(anthropic_error_type(self.status), self.message, self.code)
 
     def response(self, path: str | None = None) -> JSONResponse:
         """The error as the route at `path` answers errors (OpenAI's envelope unless it is an Anthropic or an

@@ -46,6 +46,34 @@ class OllamaErrorResponse(BaseModel):
 
 # ---- what is sent -------------------------------------------------------------------------------
 
+_OPENAI_TYPE_BY_STATUS = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+}
+_ANTHROPIC_TYPE_BY_STATUS = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",  # queue full, engine unavailable, shutting down (with Retry-After)
+    529: "overloaded_error",
+}
+
+
+def openai_error_type(status: int) -> str:
+    """The `type` OpenAI's envelope carries for an HTTP status: a named one, else by class (any other 4xx is the
+    request's fault, a 5xx the server's)."""
+    return _OPENAI_TYPE_BY_STATUS.get(status) or ("server_error" if status >= 500 else "invalid_request_error")
+
+
+def anthropic_error_type(status: int) -> str:
+    """The `type` Anthropic's envelope carries for an HTTP status, as Anthropic's API names them."""
+    return _ANTHROPIC_TYPE_BY_STATUS.get(status) or ("api_error" if status >= 500 else "invalid_request_error")
+
+
 
 class OpenAIErrorObject(TypedDict):
     message: str
