@@ -54,8 +54,9 @@ def test_json_facts_of_the_default_model() -> None:
     assert 450 * 2**20 < memory["weights_bytes"] < facts["file_size"]
     assert 250 * 2**20 < memory["compute_bytes"] < 400 * 2**20
     assert memory["embedding_bytes"] == 4096 * 24 * (2 * 64) * 2 * 2 + 4 * 32 * (2 * 151936 + 3 * 896)
+    assert memory["grammar_bytes"] == 28 * 151936
     assert memory["total_bytes"] == (memory["weights_bytes"] + memory["kv_cache_bytes"] + memory["compute_bytes"]
-                                     + memory["embedding_bytes"])
+                                     + memory["embedding_bytes"] + memory["grammar_bytes"])
 
 
 def test_text_output_and_the_context_changes_the_kv_cache() -> None:

@@ -55,8 +55,9 @@ def test_facts_from_the_header(tmp_path: Path) -> None:
     assert memory.compute_bytes == 4 * 10 * (100 + 2 * 64) + 4 * 100 * 3
     # the embeddings context: KV for min(4096, n_ctx) tokens, and one 32-token chunk's logits and hidden states
     assert memory.embedding_bytes == 2 * 1000 * (2 * 8) * 2 * 2 + 4 * 32 * (2 * 100 + 3 * 64)
+    assert memory.grammar_bytes == 28 * 100  # the grammar check's token texts (engine/grammar/gbnf/tokens.py)
     assert memory.total_bytes == (memory.weights_bytes + memory.kv_cache_bytes + memory.compute_bytes
-                                  + memory.embedding_bytes)
+                                  + memory.embedding_bytes + memory.grammar_bytes)
     assert any(line.startswith("chat template  yes") for line in describe(facts, 1000, logit_rows=3))
 
 

@@ -77,7 +77,8 @@ def log_banner(settings: Settings) -> None:
     memory_line = (f"~{human_bytes(memory.total_bytes)} = weights {human_bytes(memory.weights_bytes)} + "
                    f"KV cache {human_bytes(memory.kv_cache_bytes)} ({kv_types}) + "
                    f"compute ~{human_bytes(memory.compute_bytes)} + "
-                   f"embeddings ~{human_bytes(memory.embedding_bytes)}"
+                   f"embeddings ~{human_bytes(memory.embedding_bytes)} + "
+                   f"grammar texts ~{human_bytes(memory.grammar_bytes)}"
                    if memory else "unknown (the model header could not be read)")
     lines = [
         f"serving {settings.model_name} on {url}; loading the model",

@@ -182,10 +182,10 @@ def check_memory(settings: Settings, facts: ModelFacts, available: int | None = 
     if available is None:
         return None
     budget = int(available * _HEADROOM)
-    # allocated (the embedding context on first use); the weights are mapped from the file
-    buffers = memory.kv_cache_bytes + memory.compute_bytes + memory.embedding_bytes
+    # allocated (the embedding context and the grammar texts on first use); the weights are mapped from the file
+    buffers = memory.kv_cache_bytes + memory.compute_bytes + memory.embedding_bytes + memory.grammar_bytes
     if buffers > budget:
-        hint = _context_that_fits(facts, budget - memory.compute_bytes - memory.embedding_bytes - memory.weights_bytes,
+        hint = _context_that_fits(facts, budget - (buffers - memory.kv_cache_bytes) - memory.weights_bytes,
                                   facts.kv_bytes_per_token(settings.cache_type_k, settings.cache_type_v))
         what_to_do = f"Lower --ctx-size (about {hint:,} fits)" if hint else "Use a smaller model"
         if settings.cache_type_k == "f16" and settings.cache_type_v == "f16":

@@ -16,6 +16,8 @@ Memory at a context of `n_ctx` tokens (what `edge-llm serve` allocates, llama.cp
   (one row of logits per sequence id, or the largest step's rows with logits when more: config.logit_rows).
   With flash attention (llama.cpp's default on CPU) this does not grow with the context. Measured on Qwen2.5-Coder-0.5B Q4_K_M (n_ubatch 512, 12 sequences; the output buffer grows by 4 × n_vocab bytes per sequence):
   300.3 MiB + 7.0 MiB, against 300.3 MiB + 7.0 MiB estimated.
+- grammar texts: every token's text, packed, for the grammar check (engine/grammar/gbnf/tokens.py), built by the
+  first request with a grammar or a schema: BYTES_PER_TOKEN × n_vocab at most (4.1 MiB on the default model).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from edge_llm.models.gguf_constants import (
     LlamaFileType,
 )
 
+from edge_llm.engine.grammar.gbnf.tokens import BYTES_PER_TOKEN as TOKEN_TEXT_BYTES
 from edge_llm.engine.thread.embeddings import EMBEDDING_BATCH, EMBEDDING_MAX_TOKENS
 from edge_llm.engine.llama.kv_types import row_bytes
 
@@ -81,12 +84,14 @@ class MemoryEstimate:
     kv_cache_bytes: int
     compute_bytes: int
     embedding_bytes: int = 0  # the /v1/embeddings context, made on the first embeddings request
+    grammar_bytes: int = 0  # the grammar check's token texts, built by the first request with a grammar or schema
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_cache_bytes + self.compute_bytes + self.embedding_bytes
+        return (self.weights_bytes + self.kv_cache_bytes + self.compute_bytes + self.embedding_bytes
+                + self.grammar_bytes)
 
 
 @dataclass(frozen=True)
@@ -138,7 +143,8 @@ class ModelFacts:
         # (the embedding context keeps f16: engine/llama/embedding.py does not take the cache types)
         embedding = embedding_ctx * self.kv_bytes_per_token() + 4 * EMBEDDING_BATCH * (2 * vocab + 3 * width)
         kv = n_ctx * self.kv_bytes_per_token(cache_type_k, cache_type_v)
-        return MemoryEstimate(n_ctx, self.tensor_data_bytes, kv, compute, embedding, cache_type_k, cache_type_v)
+        return MemoryEstimate(n_ctx, self.tensor_data_bytes, kv, compute, embedding, TOKEN_TEXT_BYTES * vocab,
+                              cache_type_k, cache_type_v)
 
     def to_dict(self, n_ctx: int, *, logit_rows: int, cache_type_k: str = "f16", cache_type_v: str = "f16"
                 ) -> dict[str, Any]:

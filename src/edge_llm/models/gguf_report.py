@@ -57,7 +57,7 @@ def describe(facts: ModelFacts, n_ctx: int, *, logit_rows: int, cache_type_k: st
     yield (f"memory         ~{human_bytes(memory.total_bytes)} at a context of {n_ctx:,} tokens: "
            f"weights {human_bytes(memory.weights_bytes)} + KV cache {human_bytes(memory.kv_cache_bytes)} "
            f"({kv_types_label(cache_type_k, cache_type_v)}) + compute ~{human_bytes(memory.compute_bytes)} "
-           f"+ embeddings ~{human_bytes(memory.embedding_bytes)}")
+           f"+ embeddings ~{human_bytes(memory.embedding_bytes)} + grammar texts ~{human_bytes(memory.grammar_bytes)}")
     if facts.context_length and n_ctx > facts.context_length:
         yield (f"note           {n_ctx:,} tokens is more than the {facts.context_length:,} the model was trained on; "
                "quality drops past that")

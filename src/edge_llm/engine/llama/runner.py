@@ -153,9 +153,9 @@ class LlamaRunner:
         """llama.cpp grows its output buffer to the largest step's rows of logits, and its pages count once written:
         without this a server's memory would creep up to them while it serves (the soak saw ~10 MiB per 100 requests
         with drafting). A decode of `rows` rows stopped at its first graph node grows the buffer (it is sized before
-        the graph runs), and writing it makes its pages resident now: the cost of the full decode (0.5 s on the
-        default model, the output projection of every row) is not paid at start-up. Then one token warms the
-        weights and the thread pool, as llama-server's warm-up does."""
+        the graph runs, and llama.cpp clears a new buffer, which makes its pages resident now): the cost of the full
+        decode (0.5 s on the default model, the output projection of every row) is not paid at start-up. Then one
+        token warms the weights and the thread pool, as llama-server's warm-up does."""
         if rows > 0:
             plan = StepPlan()
             for position in range(rows):
@@ -168,9 +168,6 @@ class LlamaRunner:
                 pass
             finally:
                 self.arm_abort()
-            logits = llama_cpp.llama_get_logits(self._ctx)
-            if logits:
-                ctypes.memset(logits, 0, ctypes.sizeof(ctypes.c_float) * self._n_vocab * rows)
             self.clear_kv()
         warm_up = StepPlan()
         warm_up.add(self.info.bos_token if self.info.bos_token is not None else 0, 0, 0, True)
