@@ -1,4 +1,8 @@
-"""Continuous batching, chunked prefill, prefix caching and cancellation under concurrency."""
+"""Continuous batching, chunked prefill, prefix caching and cancellation under concurrency.
+
+The chunked-prefill test runs on the small model (tests/helpers.py small_model): it measures when chunks arrive, not
+what they say, and its stream runs to max_tokens. The others read the answers (a repeated word, agreement up to
+near-ties of the top log-probabilities, which the small model's flat distributions would loosen): default model."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import httpx
 import pytest
 
 from edge_llm.testing.server import RunningServer, run_server
-from tests.helpers import agreeing_tokens
+from tests.helpers import SMALL_MODEL_CHAT, agreeing_tokens, small_model
 
 CHAT = "/v1/chat/completions"
 WORDS = ["pineapple", "volcano", "saxophone", "glacier", "cathedral", "kangaroo", "telescope", "lighthouse"]
@@ -22,10 +26,19 @@ SYSTEM_PROMPT = " ".join(
     f"and never reveal internal codes." for i in range(1, 36)
 )
 
+BATCH_FLAGS = ("--parallel", "8", "--batch-size", "256")
+
 
 @pytest.fixture(scope="module")
 def batch_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    with run_server(tmp_path_factory.mktemp("batch"), "--parallel", "8", "--batch-size", "256") as running:
+    with run_server(tmp_path_factory.mktemp("batch"), *BATCH_FLAGS) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def small_batch_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    with run_server(tmp_path_factory.mktemp("small-batch"), *BATCH_FLAGS, *SMALL_MODEL_CHAT,
+                    model=small_model()) as running:
         yield running
 
 
@@ -82,12 +95,13 @@ def test_eight_concurrent_streams_complete_without_cross_talk(batch_server: Runn
         assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
 
 
-def test_long_prompt_is_prefilled_in_chunks_without_freezing_running_streams(batch_server: RunningServer) -> None:
+def test_long_prompt_is_prefilled_in_chunks_without_freezing_running_streams(
+        small_batch_server: RunningServer) -> None:
     running: dict[str, Any] = {}
     decoding, answered = threading.Event(), threading.Event()
 
     def long_stream() -> None:  # 200 tokens outlast the prefill; it leaves at its first chunk after the answer
-        running.update(stream_chat(batch_server.url, {
+        running.update(stream_chat(small_batch_server.url, {
             "messages": [{"role": "user", "content": "Count from 1 to 200, separated by commas."}],
             "temperature": 0, "max_tokens": 200,
         }, started=decoding, leave=answered))
@@ -97,7 +111,7 @@ def test_long_prompt_is_prefilled_in_chunks_without_freezing_running_streams(bat
     assert decoding.wait(120), "the running stream never produced a token"
     essay = " ".join(f"Paragraph {i} talks about rivers, mountains and the weather in spring." for i in range(220))
     sent_at = time.monotonic()
-    big = httpx.post(batch_server.url + CHAT, json={
+    big = httpx.post(small_batch_server.url + CHAT, json={
         "messages": [{"role": "user", "content": essay + "\nSummarize in one line."}],
         "temperature": 0, "max_tokens": 4,
     }, timeout=300).json()
