@@ -37,10 +37,11 @@ def fault_server_command(port: int, *flags: str, model: Path = MODEL, threads: i
 
 
 @contextmanager
-def run_fault_server(log_dir: Path, *flags: str, env: dict[str, str | None] | None = None) -> Iterator[RunningServer]:
-    """As `run_server`, with the faults above ready to trigger."""
+def run_fault_server(log_dir: Path, *flags: str, env: dict[str, str | None] | None = None,
+                     model: Path | None = None) -> Iterator[RunningServer]:
+    """As `run_server` (the default model unless `model`), with the faults above ready to trigger."""
     port = free_port()
-    command = fault_server_command(port, *flags, model=require_model())
+    command = fault_server_command(port, *flags, model=model or require_model())
     with run_process(command, f"http://127.0.0.1:{port}", log_dir / f"server-{port}.log", env=env,
                      cwd=REPO) as server:
         yield server

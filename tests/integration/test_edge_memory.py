@@ -1,7 +1,8 @@
 """Memory at the edge (issue 21) on real server processes and the real model: a quantized KV cache answers and
 reports its memory; an unsupported KV combination is one start-up line; the persistent prefix cache gives
 `cached_tokens` after a restart, is copied only while the engine is idle, survives a kill -9 in the middle of a save, and never loads a damaged,
-truncated or foreign entry."""
+truncated or foreign entry. The prefix-cache tests run on the small model (tests/helpers.py small_model): they
+read what is saved and loaded, not what the answers say."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from edge_llm.models.gguf_info import read_model_facts
 from edge_llm.testing.server import MODEL, RunningServer, run_server
 
 from tests.fault_server import SAVE_STALL_ENV, run_fault_server
-from tests.helpers import metric, scrape, wait_for
+from tests.helpers import SMALL_MODEL_CHAT, metric, scrape, small_model, wait_for
 
 # ~900 tokens of distinct numbered rules (as the benchmark's shared prefix), so a prompt is worth saving
 RULES = "\n".join(
@@ -70,8 +71,8 @@ def test_a_quantized_v_without_flash_attention_is_one_startup_line() -> None:
 
 def test_the_prefix_cache_survives_a_restart_and_a_kill_during_a_save(tmp_path: Path) -> None:
     directory = tmp_path / "kv"
-    flags = ("--parallel", "2", "--prefix-cache-dir", str(directory))
-    with run_server(tmp_path, *flags) as server:
+    flags = ("--parallel", "2", "--prefix-cache-dir", str(directory), *SMALL_MODEL_CHAT)
+    with run_server(tmp_path, *flags, model=small_model()) as server:
         # A save is copied only when the engine is idle: not while another stream still runs
         busy_body = {"messages": [{"role": "user", "content": "Count from 1 to 1000."}], "max_tokens": 1000,
                      "ignore_eos": True, "stream": True}
@@ -87,7 +88,7 @@ def test_the_prefix_cache_survives_a_restart_and_a_kill_during_a_save(tmp_path: 
     saved = read_header(entries(directory)[0])
 
     # Restarted, with every save stalled before its temporary file is complete: the saved prefix is loaded on first use...
-    with run_fault_server(tmp_path, *flags, env={SAVE_STALL_ENV: "1"}) as server:
+    with run_fault_server(tmp_path, *flags, env={SAVE_STALL_ENV: "1"}, model=small_model()) as server:
         again = ask(server, RULES, "Which rule is about search?")
         assert cached(again) > 800
         assert metric(scrape(server), "edge_llm_prefix_disk_events_total", event="loaded") == 1
@@ -98,7 +99,7 @@ def test_the_prefix_cache_survives_a_restart_and_a_kill_during_a_save(tmp_path: 
         server.process.wait(30)
     assert [read_header(path) for path in entries(directory)] == [saved]
 
-    with run_server(tmp_path, *flags) as server:
+    with run_server(tmp_path, *flags, model=small_model()) as server:
         after_kill = ask(server, RULES, "Which rule is about auth?")
         assert cached(after_kill) > 800
         assert server.process.poll() is None
@@ -107,8 +108,8 @@ def test_the_prefix_cache_survives_a_restart_and_a_kill_during_a_save(tmp_path: 
 
 def test_damaged_truncated_and_foreign_entries_are_never_loaded(tmp_path: Path) -> None:
     directory = tmp_path / "kv"
-    flags = ("--parallel", "2", "--prefix-cache-dir", str(directory))
-    with run_server(tmp_path, *flags) as server:
+    flags = ("--parallel", "2", "--prefix-cache-dir", str(directory), *SMALL_MODEL_CHAT)
+    with run_server(tmp_path, *flags, model=small_model()) as server:
         ask(server, RULES, "Which rule is about mail?")
         wait_for(lambda: len(entries(directory)) == 1, what="the entry to be written")
     (good,) = entries(directory)
@@ -120,7 +121,7 @@ def test_damaged_truncated_and_foreign_entries_are_never_loaded(tmp_path: Path) 
     (directory / "flipped.kv").write_bytes(data[:-1000] + bytes([data[-1000] ^ 0xFF]) + data[-999:])
     (directory / "truncated.kv").write_bytes(data[: len(data) // 2])
     (directory / "foreign.kv").write_bytes(b"".join(encode_entry("f" * 64, header.tokens, state)))
-    with run_server(tmp_path, *flags) as server:
+    with run_server(tmp_path, *flags, model=small_model()) as server:
         answer = ask(server, RULES, "Which rule is about search?")
         assert answer["choices"][0]["message"]["content"] is not None
         assert cached(answer) == 0
