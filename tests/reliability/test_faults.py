@@ -3,7 +3,7 @@ mid-request, the queue at capacity for a sustained period. tests/integration/tes
 shows the single-stream cases (engine death with one stream, SIGTERM with two streams, a client that
 stops reading); these add load, and a client that dies instead of hanging up.
 
-`EDGE_LLM_QUEUE_SECONDS` (default 15) sets how long the queue is kept at capacity.
+`EDGE_LLM_QUEUE_SECONDS` (default 6) sets how long the queue is kept at capacity.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from tests.reliability.support import (
     wait_idle,
 )
 
-QUEUE_SECONDS = env_int("EDGE_LLM_QUEUE_SECONDS", 15)
+QUEUE_SECONDS = env_int("EDGE_LLM_QUEUE_SECONDS", 6)
 LONG_TASK = "Write the numbers from 1 to 3000, separated by commas."
 COUNTING = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"  # a raw completion that goes on counting
 # End-of-text and end-of-turn banned: these requests run until they are stopped.
