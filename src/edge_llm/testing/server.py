@@ -37,6 +37,9 @@ MODEL_ENV = "EDGE_LLM_TEST_MODEL"
 MODEL = Path(os.environ.get(MODEL_ENV) or default_model_path())
 MODEL_ID = MODEL.name.removesuffix(".gguf")
 STOP_TIMEOUT = 30.0
+# The default --threads of servers started here (2); a test runner with N parallel workers on 2 cores sets it to 1.
+THREADS_ENV = "EDGE_LLM_TEST_THREADS"
+THREADS = int(os.environ.get(THREADS_ENV) or 2)
 # Loopback only: a proxy from the environment (http_proxy) must not see these requests.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -70,9 +73,10 @@ class RunningServer:
         return self.log_path.read_text(errors="replace")
 
 
-def serve_command(port: int, *flags: str, model: Path | None = MODEL, threads: int | None = 2) -> list[str]:
-    """`edge-llm serve` with this Python. Two threads by default: tests share the machine; None lets the server
-    take every core. model=None passes no --model, so the server looks for its default model itself."""
+def serve_command(port: int, *flags: str, model: Path | None = MODEL, threads: int | None = THREADS) -> list[str]:
+    """`edge-llm serve` with this Python. THREADS threads by default (2, or $EDGE_LLM_TEST_THREADS): tests share
+    the machine; None lets the server take every core. model=None passes no --model, so the server looks for its
+    default model itself."""
     command = [sys.executable, "-m", "edge_llm", "serve"]
     command += [] if model is None else ["--model", str(model)]
     command += ["--port", str(port)]
@@ -81,7 +85,7 @@ def serve_command(port: int, *flags: str, model: Path | None = MODEL, threads: i
 
 
 @contextmanager
-def run_server(log_dir: Path, *flags: str, model: Path | None = MODEL, threads: int | None = 2,
+def run_server(log_dir: Path, *flags: str, model: Path | None = MODEL, threads: int | None = THREADS,
                env: dict[str, str | None] | None = None, cwd: Path | None = None, startup_timeout: float = 120,
                log_name: str | None = None) -> Iterator[RunningServer]:
     """`edge-llm serve *flags` on a free loopback port, yielded once /readyz answers 200 (the model is loaded).
