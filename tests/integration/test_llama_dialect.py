@@ -377,3 +377,27 @@ def test_tokenize_with_pieces_spells_each_token(server: RunningServer) -> None:
     assert any(isinstance(piece, list) for piece in pieces)  # the emoji's bytes span tokens: no text on their own
     spelled = b"".join(piece.encode() if isinstance(piece, str) else bytes(piece) for piece in pieces)
     assert spelled.decode() == text
+
+
+def test_logit_bias_in_llama_servers_forms_bans_and_forces_tokens(server: RunningServer) -> None:
+    def complete(path: str, body: dict[str, object]) -> dict[str, object]:
+        response = httpx.post(server.url + path, json=body, timeout=120)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    body = {"prompt": "The capital of France is", "n_predict": 2, "temperature": 0, "return_tokens": True}
+    first = complete("/completion", body)["tokens"][0]
+    text = httpx.post(server.url + "/detokenize", json={"tokens": [first]}, timeout=60).json()["content"]
+    for bias in ([[first, False]], {str(first): False}, [[text, False]], {text: -100}):
+        answer = complete("/completion", {**body, "logit_bias": bias})
+        assert first not in answer["tokens"], bias
+    banned = complete("/completion", {**body, "logit_bias": [[first, False]]})["generation_settings"]["logit_bias"]
+    assert banned == [{"bias": None, "token": first}]
+    banana = httpx.post(server.url + "/tokenize", json={"content": " banana"}, timeout=60).json()["tokens"]
+    pushed = complete("/completion", {**body, "logit_bias": [[" banana", 100]]})
+    assert pushed["tokens"][0] in banana
+    assert pushed["generation_settings"]["logit_bias"] == [{"bias": 100, "token": token} for token in banana]
+    infill = {"input_prefix": "def add(a, b):\n    return ", "input_suffix": "\n", "n_predict": 2, "temperature": 0,
+              "return_tokens": True}
+    infill_first = complete("/infill", infill)["tokens"][0]
+    assert infill_first not in complete("/infill", {**infill, "logit_bias": [[infill_first, False]]})["tokens"]

@@ -83,6 +83,8 @@ class NativeGeneration(RequestModel):
     n_probs: int = Field(0, ge=0, le=20)  # `completion_probabilities`: each token's logprob and the n likeliest
     post_sampling_probs: bool = False  # `prob` / `top_probs` (probabilities) instead of `logprob` / `top_logprobs`
     input_suffix: str = ""  # /infill's text after the cursor; a completion has none
+    # llama-server's: [[token id or text, bias], …] or {"token id or text": bias}; a bias of false bans the token(s)
+    logit_bias: list[Any] | dict[str, Any] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -110,6 +112,34 @@ class NativeGeneration(RequestModel):
     def logprobs(self) -> int | None:
         """What the engine reports per token: the n_probs likeliest, or only the token itself for its id."""
         return self.n_probs if self.n_probs else (0 if self.return_tokens else None)
+
+
+def bias_entries(value: list[Any] | dict[str, Any] | None) -> list[tuple[int | str, float]]:
+    """llama-server's logit_bias (server-schema.cpp) as (token id or text, bias) pairs, in order: a text stands for
+    every token of it, `false` is minus infinity; entries it skips (not a pair, a bias neither a number nor false)
+    are skipped here too."""
+    pairs = value.items() if isinstance(value, dict) else [tuple(el) for el in value or [] if _is_pair(el)]
+    entries: list[tuple[int | str, float]] = []
+    for key, raw in pairs:
+        if raw is False:
+            bias = float("-inf")
+        elif isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            bias = float(raw)
+        else:
+            continue
+        if isinstance(value, dict):
+            entries.append((int(key) if _integer_text(key) else key, bias))
+        elif _is_id(key) or isinstance(key, str):
+            entries.append((key, bias))
+    return entries
+
+
+def _is_pair(element: Any) -> bool:
+    return isinstance(element, list) and len(element) == 2
+
+
+def _integer_text(key: str) -> bool:
+    return key.lstrip("-").isdigit()
 
 
 class InfillRequest(NativeGeneration):

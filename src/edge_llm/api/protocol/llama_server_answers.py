@@ -122,13 +122,18 @@ SAMPLERS = ["top_k", "top_p", "min_p", "temperature"]
 def generation_settings(*, n_ctx: int, max_tokens: int | None, temperature: float, top_k: int, top_p: float,
                         min_p: float, repeat_penalty: float, seed: int | None, stop: list[str], stream: bool,
                         cache_prompt: bool, n_indent: int, t_max_predict_ms: int, speculative: bool,
-                        banned_tokens: tuple[int, ...]) -> GenerationSettings:
-    """`banned_tokens`: the tokens never sampled (ignore_eos bans the end tokens), llama-server's -inf biases."""
+                        banned_tokens: tuple[int, ...],
+                        logit_bias: tuple[tuple[int, float], ...] = ()) -> GenerationSettings:
+    """`logit_bias`: the request's (token, bias) pairs; `banned_tokens`: the tokens never sampled besides (ignore_eos
+    bans the end tokens), after them as in llama-server."""
+    biases: list[LogitBiasEntry] = [{"bias": None if bias == float("-inf") else bias, "token": token}
+                                    for token, bias in logit_bias]
+    biases += [{"bias": None, "token": token} for token in banned_tokens]
     return {"n_ctx": n_ctx, "n_predict": -1 if max_tokens is None else max_tokens, "temperature": temperature,
             "top_k": top_k, "top_p": top_p, "min_p": min_p, "repeat_penalty": repeat_penalty,
             "seed": -1 if seed is None else seed, "stop": stop, "stream": stream, "cache_prompt": cache_prompt,
             "n_indent": n_indent, "t_max_predict_ms": t_max_predict_ms, "speculative": speculative,
-            "samplers": list(SAMPLERS), "logit_bias": [{"bias": None, "token": token} for token in banned_tokens]}
+            "samplers": list(SAMPLERS), "logit_bias": biases}
 
 
 class CompletionFinal(TypedDict):

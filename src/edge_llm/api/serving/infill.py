@@ -11,13 +11,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from edge_llm.api.protocol.llama_server import InfillRequest, NativeGeneration
+from edge_llm.api.protocol.llama_server import InfillRequest, NativeGeneration, bias_entries
 from edge_llm.api.protocol import llama_server_answers
 from edge_llm.api.protocol.llama_server_answers import (
     CompletionChunk,
@@ -27,7 +27,7 @@ from edge_llm.api.protocol.llama_server_answers import (
     timings,
     token_probabilities,
 )
-from edge_llm.api.request_context import request_context
+from edge_llm.api.request_context import RequestContext, request_context
 from edge_llm.api.serving.base import Serving
 from edge_llm.api.serving.outcome import Generation, error_body, failure_error
 from edge_llm.api.sse import encode_json_event
@@ -61,13 +61,33 @@ class InfillServing(Serving):
             lambda: infill_prompt(self.plain_tokens, fim, prefix=body.input_prefix, suffix=body.input_suffix,
                                   prompt=body.prompt, extra=extra, n_predict=n_predict, n_ctx=self.context_limit,
                                   bos=self.bos_token()))
+        bias = await self.logit_bias(context, body)
         generation = self.start(context, [prompt], n=1, max_tokens=max_tokens,
-                                sampling=lambda _: body.sampling_params(self.defaults),
+                                sampling=lambda _: replace(body.sampling_params(self.defaults), logit_bias=bias),
                                 stop=tuple(body.stop) + suffix_echo_stop(body.input_suffix), logprobs=body.logprobs,
                                 cache_prompt=body.cache_prompt, fill_in_the_middle=True,
                                 speculative=body.speculative)
         text = await self.off_loop(context, self.engine.detokenize, prompt)
         return await self.answer(request, generation, body, [text])
+
+    async def logit_bias(self, context: RequestContext, body: NativeGeneration) -> tuple[tuple[int, float], ...]:
+        """llama-server's logit_bias as token ids: a text's every token (plain text, no BOS), ids outside the
+        vocabulary left out, as llama-server does."""
+        entries = bias_entries(body.logit_bias)
+        if not entries:
+            return ()
+        n_vocab = self.engine.n_vocab
+
+        def resolve() -> tuple[tuple[int, float], ...]:
+            pairs: list[tuple[int, float]] = []
+            for key, bias in entries:
+                if isinstance(key, str):
+                    pairs.extend((token, bias) for token in self.plain_tokens(key))
+                elif 0 <= key < n_vocab:
+                    pairs.append((key, bias))
+            return tuple(pairs)
+
+        return await self.off_loop(context, resolve)
 
     @property
     def first_alias(self) -> str:
@@ -173,7 +193,8 @@ class InfillServing(Serving):
             [token.token for token in progress.sent] if body.return_tokens and not streamed else [],
             model=self.first_alias,
             predicted=predicted, evaluated=prompt_tokens,
-            settings=generation_settings(body, self.defaults, self.context_limit, self._end_tokens()),
+            settings=generation_settings(body, self.defaults, self.context_limit, self._end_tokens(),
+                                         generation.requests[index].sampling.logit_bias),
             prompt=prompts[generation.prompt_of_choice[index]], has_new_line="\n" in content,
             stop_type=_stop_type(finished, progress.cut),
             stopping_word=finished.stop_sequence or "" if finished is not None and not progress.cut else "",
@@ -216,7 +237,7 @@ def _progress_chunk(generation: Generation, index: int, step: PrefillProgress, s
 
 
 def generation_settings(body: NativeGeneration, defaults: SamplingDefaults, n_ctx: int,
-                        end_tokens: tuple[int, ...]) -> GenerationSettings:
+                        end_tokens: tuple[int, ...], bias: tuple[tuple[int, float], ...] = ()) -> GenerationSettings:
     """llama-server's `generation_settings`: the settings this answer was generated with."""
     sampling = body.sampling_params(defaults)
     return llama_server_answers.generation_settings(
@@ -224,7 +245,7 @@ def generation_settings(body: NativeGeneration, defaults: SamplingDefaults, n_ct
         top_p=sampling.top_p, min_p=sampling.min_p, repeat_penalty=sampling.repeat_penalty, seed=sampling.seed,
         stop=list(body.stop), stream=body.stream, cache_prompt=body.cache_prompt, n_indent=body.n_indent,
         t_max_predict_ms=body.t_max_predict_ms, speculative=body.speculative,
-        banned_tokens=end_tokens if body.ignore_eos else ())
+        logit_bias=bias, banned_tokens=end_tokens if body.ignore_eos else ())
 
 
 def _select(result: dict[str, Any], paths: list[str]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ stream (InfillServing.answer).
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -34,8 +35,10 @@ class NativeServing(InfillServing):
         body = await self.read(request, NativeCompletionRequest)
         grammar = await self.off_loop(context, self.grammars.native, body)
         prompts = await raw_prompts.tokenized(self, context, body.prompts)
+        bias = await self.logit_bias(context, body)
+        sampling = replace(body.sampling_params(self.defaults, grammar), logit_bias=bias)
         generation = self.start(context, prompts, n=1, max_tokens=body.requested_max_tokens(),
-                                sampling=lambda _: body.sampling_params(self.defaults, grammar),
+                                sampling=lambda _: sampling,
                                 stop=tuple(body.stop), logprobs=body.logprobs, cache_prompt=body.cache_prompt,
                                 speculative=body.speculative)
         texts = await raw_prompts.texts(self, context, body.prompts, prompts)
