@@ -59,6 +59,18 @@ def test_token_id_prompts_answer_as_their_text(repeatable_client: openai.OpenAI,
     assert by_ids.usage is not None and by_ids.usage.prompt_tokens == len(ids)
 
 
+def test_a_token_id_prompt_with_suffix_fills_the_middle_as_its_text(repeatable_client: openai.OpenAI,
+                                                                    repeatable_server: RunningServer,
+                                                                    model_id: str) -> None:
+    """A token-id prompt with `suffix` is laid out for fill-in-the-middle as its text is: the same greedy answer."""
+    text = "def add(a, b):\n    return "
+    ids = httpx.post(repeatable_server.url + "/tokenize", json={"content": text}, timeout=60).json()["tokens"]
+    ask = {"model": model_id, "max_tokens": 6, "temperature": 0, "suffix": "\n\nprint(add(1, 2))\n"}
+    by_text = repeatable_client.completions.create(prompt=text, **ask).choices[0].text
+    assert by_text.strip()
+    assert repeatable_client.completions.create(prompt=ids, **ask).choices[0].text == by_text
+
+
 def test_several_token_id_prompts_give_a_choice_each_indexed_prompt_by_n(client: openai.OpenAI, server: RunningServer,
                                                                           model_id: str) -> None:
     """`prompt: list[list[int]]` with n: choice index = prompt position × n + j, as OpenAI numbers them; streamed
