@@ -21,6 +21,10 @@ SHARED_CONTEXT = ("by design: one request may use the whole shared context (llam
                   "n_ctx / --parallel), so a prompt over a slot's share is answered")
 SLOTS = "by design: no fixed slots (one continuous batch), so /slots answers 501 as llama-server does with --no-slots"
 
+HEADER_CASE = ("difference: header case: the `Process-Start-Time-Unix` header is sent, but uvicorn (h11) writes "
+               "header names lowercased and the test reads them from a plain dict, case-sensitively (HTTP header "
+               "names are case-insensitive)")
+
 REASONS: list[tuple[str, str, str]] = [
     ("test_basic", "test_server_multiple_addresses",
      "flag without an equivalent: --host with two addresses (`127.0.0.1,::1`); edge-llm listens on one"),
@@ -87,12 +91,10 @@ REASONS: list[tuple[str, str, str]] = [
      "(prompt_progress on response.in_progress, timings on deltas)"),
     ("test_metrics", "test_metrics_disabled",
      "by design: /metrics is always on here (no --metrics flag; llama-server answers 501 without it)"),
-    ("test_metrics", "test_metrics_prometheus_format", "not yet here: the `Process-Start-Time-Unix` header on "
-     "/metrics (the exposition itself is served; edge_llm_* names, llama-server's llamacpp:* not all mirrored)"),
-    ("test_metrics", "test_metrics_prompt_processed_and_cached", "not yet here: the `Process-Start-Time-Unix` header"),
-    ("test_metrics", "test_metrics_predicted_total_matches_requests",
-     "not yet here: the `Process-Start-Time-Unix` header"),
-    ("test_metrics", "test_metrics_embedding_prompt_is_counted", "not yet here: the `Process-Start-Time-Unix` header"),
+    ("test_metrics", "test_metrics_prometheus_format", HEADER_CASE),
+    ("test_metrics", "test_metrics_prompt_processed_and_cached", HEADER_CASE),
+    ("test_metrics", "test_metrics_predicted_total_matches_requests", HEADER_CASE),
+    ("test_metrics", "test_metrics_embedding_prompt_is_counted", HEADER_CASE),
     ("test_metrics", "test_metrics_generation_rate_excludes_first_token",
      "difference: `predicted_per_second` here counts the first token's time (llama-server starts it after the "
      "first token: 0.0 for one token)"),
