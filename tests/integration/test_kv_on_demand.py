@@ -18,7 +18,8 @@ import openai
 import pytest
 
 from edge_llm.testing.server import RunningServer, run_server
-from tests.helpers import SMALL_MODEL_CHAT, agreeing_tokens, metric, scrape, small_model, sse_events, wait_for
+from tests.helpers import (SMALL_MODEL_CHAT, Samples, agreeing_tokens, metric, scrape, small_model, sse_events,
+                           wait_for)
 
 CHAT = "/v1/chat/completions"
 SYSTEM_PROMPT = " ".join(
@@ -125,10 +126,30 @@ def test_preempted_answers_go_on_where_they_stopped(crowded_server: RunningServe
                                                         "per line, and nothing else."}],
                "temperature": 0, "max_tokens": 60, "logprobs": True, "top_logprobs": 2} for i in range(1, 9)]
     references = [stream_chat(repeatable_server.url, body) for body in bodies]
-    before = scrape(crowded_server)
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        crowded = list(pool.map(lambda body: stream_chat(crowded_server.url, body), bodies))
-    after = scrape(crowded_server)
+    # Where the preemptions fall depends on the arrivals; a round whose every preempted answer parted from its
+    # reference at a near-tie before its preemption shows nothing about the recompute: up to three rounds are run,
+    # each checked in full, until one shows it.
+    compared_past_preemption: list[int] = []
+    for _ in range(3):
+        before = scrape(crowded_server)
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            crowded = list(pool.map(lambda body: stream_chat(crowded_server.url, body), bodies))
+        after = scrape(crowded_server)
+        compared_past_preemption = crowded_round(references, crowded, before, after)
+        if compared_past_preemption:
+            break
+    # A recomputed answer may part from the reference at a near-tie like any other (its first token after the
+    # recompute is computed in another batch layout); what matters is that no token before the preemption was lost
+    # or doubled, and that wherever the answers were compared they agreed (agreeing_tokens fails otherwise).
+    assert compared_past_preemption, ("no preempted answer was compared up to its preemption",
+                                      [(r["timings"], len(r["logprobs"])) for r in crowded])
+    assert metric(after, "edge_llm_kv_cells_used") == 0  # no prefix cache: every cell is back
+
+
+def crowded_round(references: list[dict[str, Any]], crowded: list[dict[str, Any]], before: Samples,
+                  after: Samples) -> list[int]:
+    """Checks one crowded round against the references; returns the preempted answers compared past their
+    preemption."""
     demand = sum(r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"] for r in crowded)
     assert demand > 512 + 8 * 8, ("the answers fit the context together: nothing to preempt", demand)
     preemptions = metric(after, "edge_llm_preemptions_total") - metric(before, "edge_llm_preemptions_total")
@@ -146,9 +167,4 @@ def test_preempted_answers_go_on_where_they_stopped(crowded_server: RunningServe
             assert 0 <= timings["preempted_after_tokens"] <= result["usage"]["completion_tokens"], timings
             if shared >= timings["preempted_after_tokens"]:
                 compared_past_preemption.append(index)
-    # A recomputed answer may part from the reference at a near-tie like any other (its first token after the
-    # recompute is computed in another batch layout); what matters is that no token before the preemption was lost
-    # or doubled, and that wherever the answers were compared they agreed (agreeing_tokens fails otherwise).
-    assert compared_past_preemption, ("no preempted answer was compared up to its preemption",
-                                      [(r["timings"], len(r["logprobs"])) for r in crowded])
-    assert metric(after, "edge_llm_kv_cells_used") == 0  # no prefix cache: every cell is back
+    return compared_past_preemption
