@@ -31,8 +31,8 @@ from edge_llm.api.request_context import RequestContext, request_context
 from edge_llm.api.serving.base import Serving
 from edge_llm.api.serving.outcome import Generation, error_body, failure_error
 from edge_llm.api.sse import encode_json_event
-from edge_llm.api.protocol.common import SamplingDefaults
-from edge_llm.engine.types import Failed, Finished, FinishReason, PrefillProgress, TextDelta, TokenLogprob
+from edge_llm.engine.types import (Failed, Finished, FinishReason, PrefillProgress, SamplingParams, TextDelta,
+                                   TokenLogprob)
 from edge_llm.prompting.fim import EditorCut, ExtraFile, infill_prompt, suffix_echo_stop
 
 logger = logging.getLogger(__name__)
@@ -193,8 +193,8 @@ class InfillServing(Serving):
             [token.token for token in progress.sent] if body.return_tokens and not streamed else [],
             model=self.first_alias,
             predicted=predicted, evaluated=prompt_tokens,
-            settings=generation_settings(body, self.defaults, self.context_limit, self._end_tokens(),
-                                         generation.requests[index].sampling.logit_bias),
+            settings=generation_settings(body, generation.requests[index].sampling, self.context_limit,
+                                         self._end_tokens()),
             prompt=prompts[generation.prompt_of_choice[index]], has_new_line="\n" in content,
             stop_type=_stop_type(finished, progress.cut),
             stopping_word=finished.stop_sequence or "" if finished is not None and not progress.cut else "",
@@ -236,16 +236,16 @@ def _progress_chunk(generation: Generation, index: int, step: PrefillProgress, s
                                       "time_ms": (time.monotonic() - started) * 1000})
 
 
-def generation_settings(body: NativeGeneration, defaults: SamplingDefaults, n_ctx: int,
-                        end_tokens: tuple[int, ...], bias: tuple[tuple[int, float], ...] = ()) -> GenerationSettings:
-    """llama-server's `generation_settings`: the settings this answer was generated with."""
-    sampling = body.sampling_params(defaults)
+def generation_settings(body: NativeGeneration, sampling: SamplingParams, n_ctx: int,
+                        end_tokens: tuple[int, ...]) -> GenerationSettings:
+    """llama-server's `generation_settings`: the settings this answer was generated with (`sampling`: the request's
+    own, as the engine ran it)."""
     return llama_server_answers.generation_settings(
         n_ctx=n_ctx, max_tokens=body.requested_max_tokens(), temperature=sampling.temperature, top_k=sampling.top_k,
         top_p=sampling.top_p, min_p=sampling.min_p, repeat_penalty=sampling.repeat_penalty, seed=sampling.seed,
         stop=list(body.stop), stream=body.stream, cache_prompt=body.cache_prompt, n_indent=body.n_indent,
         t_max_predict_ms=body.t_max_predict_ms, speculative=body.speculative,
-        logit_bias=bias, banned_tokens=end_tokens if body.ignore_eos else ())
+        logit_bias=sampling.logit_bias, banned_tokens=end_tokens if sampling.ignore_eos else ())
 
 
 def _select(result: dict[str, Any], paths: list[str]) -> dict[str, Any]:
