@@ -15,9 +15,8 @@ import openai
 import pytest
 
 from edge_llm.models.catalogue import GEMMA_3_270M
-from edge_llm.models.fetch import fetch, models_dir
 from edge_llm.testing.server import MODEL, MODEL_ID, RunningServer, require_model, run_server
-from tests.helpers import metric, scrape, wait_for
+from tests.helpers import metric, scrape, small_model, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +28,7 @@ SMALL = ("--ctx-size", "2048", "--parallel", "2", "--cache-slots", "2")
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory holding both models (links); gemma-3-270m is fetched when missing (`edge-llm model fetch`)."""
-    gemma = fetch(GEMMA_3_270M, models_dir())
+    gemma = small_model()
     directory = tmp_path_factory.mktemp("models")
     (directory / MODEL.name).symlink_to(require_model())
     (directory / gemma.name).symlink_to(gemma)
