@@ -10,7 +10,7 @@ import agents
 import openai
 
 from edge_llm.testing.server import RunningServer
-from tests.helpers import long_prompt
+from tests.helpers import long_prompt, parse_sse
 from tests.server_pool import SMALL_CHUNK
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The current weather in a city",
@@ -76,6 +76,43 @@ def test_a_long_prompt_repeats_in_progress_while_it_is_prefilled(small_chunks_se
     assert {(snapshot.id, snapshot.status, len(snapshot.output)) for snapshot in snapshots[1:]} == {
         (final.id, "in_progress", 0)}
     assert final.usage is not None and final.usage.input_tokens > 4 * SMALL_CHUNK
+
+
+def test_llama_servers_telemetry_progress_and_timings_per_token(small_chunks_server: RunningServer,
+                                                                 model_id: str) -> None:
+    """llama-server's `return_progress` / `timings_per_token` in a Responses stream (llama.cpp's
+    test_compat_oai_responses): each prefill chunk's progress on a response.in_progress, its timings on each delta,
+    the answer's on the end; without them, only the end's timings."""
+    body = {"model": model_id, "input": long_prompt("Telemetry", entries=12), "max_output_tokens": 3,
+            "temperature": 0, "stream": True, "store": False, "timings_per_token": True, "return_progress": True}
+    response = httpx.post(small_chunks_server.url + "/responses", json=body, timeout=300)
+    assert response.status_code == 200 and "x-edge-llm-ignored-fields" not in response.headers
+    events = [json.loads(data) for _, data in parse_sse(response.content)]
+    end = events[-1]
+    usage = end["response"]["usage"]
+    progress = [event["prompt_progress"] for event in events if "prompt_progress" in event]
+    assert {event["type"] for event in events if "prompt_progress" in event} == {"response.in_progress"}
+    # One per chunk the engine reports (not one a second): the prompt is over three chunks of 64.
+    assert usage["input_tokens"] > 3 * SMALL_CHUNK and len(progress) >= 2, progress
+    assert all(step["total"] == usage["input_tokens"] and step["cache"] <= step["processed"] < step["total"]
+               for step in progress)
+    assert [step["processed"] for step in progress] == sorted({step["processed"] for step in progress})
+    deltas = [event for event in events if event["type"] == "response.output_text.delta"]
+    assert deltas and all("timings" in event for event in deltas)
+    assert [event["timings"]["predicted_n"] for event in deltas] == sorted(
+        {event["timings"]["predicted_n"] for event in deltas})
+    assert deltas[0]["timings"]["predicted_per_second"] == 0.0  # as llama-server: counted from the first token
+    final = end["timings"]
+    assert end["type"] in ("response.completed", "response.incomplete")
+    assert (final["predicted_n"], final["prompt_n"] + final["cache_n"]) == (usage["output_tokens"],
+                                                                           usage["input_tokens"])
+    assert final["prompt_ms"] > 0 and final["prompt_per_second"] > 0
+
+    plain = httpx.post(small_chunks_server.url + "/responses", timeout=120, json={
+        "model": model_id, "input": "Hi", "max_output_tokens": 2, "stream": True, "store": False})
+    events = [json.loads(data) for _, data in parse_sse(plain.content)]
+    assert [event["type"] for event in events if "timings" in event or "prompt_progress" in event] == [
+        events[-1]["type"]]
 
 
 def test_json_schema_text_format_is_enforced(client: openai.OpenAI, model_id: str) -> None:

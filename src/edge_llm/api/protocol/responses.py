@@ -198,6 +198,9 @@ class ResponsesRequest(RequestModel):
     conversation: str | dict[str, Any] | None = None
     prompt: dict[str, Any] | None = None
     background: bool | None = None  # run detached (serving/background_responses.py)
+    # llama-server's telemetry in a stream: `timings` on each delta, `prompt_progress` on response.in_progress.
+    timings_per_token: bool = False
+    return_progress: bool = False
     # Accepted and ignored: they do not change the output (there is no reasoning).
     metadata: dict[str, str] | None = None
     user: str | None = None

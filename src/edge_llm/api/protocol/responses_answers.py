@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, NotRequired, TypedDict
 
+from edge_llm.api.protocol.llama_server_answers import PromptProgress, Timings
 from edge_llm.engine.types import Usage
 
 Status = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
@@ -150,11 +151,14 @@ def response(response_id: str, created_at: int, status: Status, model: str, outp
 
 
 class ResponseEvent(TypedDict):
-    """response.created, .in_progress, .completed, .incomplete, .failed"""
+    """response.created, .in_progress, .completed, .incomplete, .failed; llama-server's telemetry keys beside
+    OpenAI's: `prompt_progress` on .in_progress (`return_progress`), `timings` on the end."""
 
     type: str
     sequence_number: int
     response: Response
+    prompt_progress: NotRequired[PromptProgress]
+    timings: NotRequired[Timings]
 
 
 class OutputItemEvent(TypedDict):
@@ -185,6 +189,7 @@ class TextDeltaEvent(TypedDict):
     content_index: int
     delta: str
     logprobs: list[Any]
+    timings: NotRequired[Timings]  # llama-server's `timings_per_token`
 
 
 class TextDoneEvent(TypedDict):
@@ -206,6 +211,7 @@ class ArgumentsEvent(TypedDict):
     output_index: int
     delta: NotRequired[str]
     arguments: NotRequired[str]
+    timings: NotRequired[Timings]  # llama-server's `timings_per_token`
 
 
 Event = ResponseEvent | OutputItemEvent | ContentPartEvent | TextDeltaEvent | TextDoneEvent | ArgumentsEvent

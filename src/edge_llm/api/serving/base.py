@@ -309,7 +309,7 @@ class Serving:
         )
         if beats is not None:
             beats.attach(response)
-            generation.channel.on_progress = lambda _index, _progress: beats.beat()
+            generation.channel.on_progress = lambda _index, progress: beats.beat(progress)
         else:
             generation.channel.on_progress = lambda index, progress: response.note(prefill_note(index, progress))
         return response

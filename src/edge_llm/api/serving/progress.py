@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 
 from edge_llm.api.sse import EventStreamResponse
+from edge_llm.engine.types import PrefillProgress
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +24,8 @@ MIN_INTERVAL_S = 1.0
 
 class PrefillBeats:
     """The events one stream sends while its prompt is prefilled: `event()` makes one (consuming a sequence number,
-    so it is called only when the event goes out). Event loop only."""
+    so it is called only when the event goes out; `progress` is then the engine's report it answers).
+    `min_interval=0`: one event per report (llama-server's `return_progress`). Event loop only."""
 
     def __init__(self, event: Callable[[], bytes], min_interval: float = MIN_INTERVAL_S) -> None:
         self._event = event
@@ -32,6 +34,7 @@ class PrefillBeats:
         self._over = False
         self._last = float("-inf")
         self._response: EventStreamResponse | None = None
+        self.progress: PrefillProgress | None = None
 
     def attach(self, response: EventStreamResponse) -> None:
         self._response = response
@@ -44,12 +47,13 @@ class PrefillBeats:
         """The answer has begun (or ended): no more beats."""
         self._over = True
 
-    def beat(self) -> None:
-        """The prefill moved by a chunk."""
+    def beat(self, progress: PrefillProgress | None = None) -> None:
+        """The prefill moved by a chunk (`progress`: the engine's report of it)."""
         if not self._armed or self._over or self._response is None:
             return
         now = time.monotonic()
         if now - self._last < self._min_interval:
             return
         self._last = now
+        self.progress = progress
         self._response.send_aside(self._event())

@@ -10,6 +10,7 @@ grammar plan (text.format, a forced tool call: serving/chat.py `chat_plan`) and 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator
 
 from fastapi import Request
@@ -19,6 +20,7 @@ from edge_llm.api.errors import CLIENT_CLOSED_REQUEST, APIError, invalid_request
 from edge_llm.api.protocol.openai_chat import ChatCompletionRequest
 from edge_llm.api.params import report_ignored
 from edge_llm.api.protocol.responses import FunctionToolChoice, ResponsesRequest, set_aside_unread
+from edge_llm.api.protocol.llama_server_answers import PromptProgress, Timings, timings
 from edge_llm.api.protocol.responses_answers import response_error
 from edge_llm.api.request_context import request_context
 from edge_llm.api.serving.outcome import Generation, total_usage
@@ -26,11 +28,11 @@ from edge_llm.api.serving.background_responses import Run, background_runs, deta
 from edge_llm.api.serving.base import Serving
 from edge_llm.api.serving.chat import chat_plan
 from edge_llm.api.serving.tool_calls import ToolCallTail
-from edge_llm.api.serving.progress import PrefillBeats
+from edge_llm.api.serving.progress import MIN_INTERVAL_S, PrefillBeats
 from edge_llm.api.serving.responses_events import Event, ResponseBuilder
 from edge_llm.api.serving.stored_responses import Keeper, previous_context, stored_items
 from edge_llm.api.sse import encode_json_event
-from edge_llm.engine.types import Failed, FinishReason, Finished, TextDelta
+from edge_llm.engine.types import Failed, FinishReason, Finished, PrefillProgress, TextDelta
 
 logger = logging.getLogger(__name__)
 
@@ -101,9 +103,13 @@ class ResponsesServing(Serving):
         if stored:
             keeper.start(builder.response("in_progress"))
         if body.stream:
-            beats = PrefillBeats(lambda: encode(builder.still_in_progress()))
-            return self.stream(generation, self._events(generation, builder, tail, keeper if stored else None, beats),
-                               beats=beats)
+            telemetry = Telemetry(generation.prompt_lengths[0], per_token=body.timings_per_token)
+            beats = PrefillBeats(
+                lambda: encode(builder.still_in_progress(
+                    telemetry.progress(beats.progress) if body.return_progress and beats.progress else None)),
+                min_interval=0.0 if body.return_progress else MIN_INTERVAL_S)
+            return self.stream(generation, self._events(generation, builder, tail, keeper if stored else None, beats,
+                                                        telemetry), beats=beats)
         try:
             result = (await self.collect(request, generation))[0]
         except APIError as error:
@@ -135,7 +141,7 @@ class ResponsesServing(Serving):
         return JSONResponse(queued, headers=self.headers(generation))
 
     async def _events(self, generation: Generation, builder: ResponseBuilder, tail: ToolCallTail,
-                      keeper: Keeper | None, beats: PrefillBeats) -> AsyncIterator[bytes]:
+                      keeper: Keeper | None, beats: PrefillBeats, telemetry: Telemetry) -> AsyncIterator[bytes]:
         try:
             for event in builder.start():
                 yield encode(event)
@@ -144,8 +150,13 @@ class ResponsesServing(Serving):
                 beats.stop()
                 if isinstance(engine_event, TextDelta):
                     events = answer_events(builder, tail, engine_event.text)
+                    if telemetry.per_token:  # timed from the first token, even one held back (whitespace)
+                        so_far = telemetry.so_far(engine_event.token_count)
+                        if events:
+                            events[-1]["timings"] = so_far
                 elif isinstance(engine_event, Finished):
                     events = finish_events(builder, tail, generation, engine_event)
+                    events[-1]["timings"] = telemetry.final(engine_event)
                 elif isinstance(engine_event, Failed):
                     events = builder.failed(engine_event.message)
                 else:
@@ -160,6 +171,39 @@ class ResponsesServing(Serving):
 
 
 _ENDS = ("response.completed", "response.incomplete", "response.failed")
+
+
+class Telemetry:
+    """llama-server's telemetry in one Responses stream, in its shapes: `prompt_progress` for an engine's prefill
+    report, `timings` so far for a delta (`timings_per_token`) and the answer's own at the end (the engine's prefill
+    and decode times). The engine reports its times only at the end, so a delta's are measured here: its prompt time
+    from the request's start to the first delta (queueing included), its decode time from the first delta on."""
+
+    def __init__(self, prompt_tokens: int, *, per_token: bool) -> None:
+        self.per_token = per_token
+        self._prompt_tokens = prompt_tokens
+        self._started = time.monotonic()
+        self._first_delta: float | None = None
+        self._cached = 0
+
+    def progress(self, step: PrefillProgress) -> PromptProgress:
+        self._cached = step.cached
+        return {"total": step.total, "cache": step.cached, "processed": step.processed,
+                "time_ms": (time.monotonic() - self._started) * 1000}
+
+    def so_far(self, predicted: int) -> Timings:
+        now = time.monotonic()
+        if self._first_delta is None:
+            self._first_delta = now
+        engine = {"prefill_ms": (self._first_delta - self._started) * 1000,
+                  "decode_ms": (now - self._first_delta) * 1000}
+        return timings(cached=self._cached, prompt_tokens=self._prompt_tokens, predicted=predicted, engine=engine)
+
+    @staticmethod
+    def final(finished: Finished) -> Timings:
+        usage = finished.usage
+        return timings(cached=usage.cached_tokens, prompt_tokens=usage.prompt_tokens,
+                       predicted=usage.completion_tokens, engine=finished.timings)
 
 
 def answer_events(builder: ResponseBuilder, tail: ToolCallTail, text: str) -> list[Event]:

@@ -11,6 +11,7 @@ import time
 import uuid
 from typing import Any
 
+from edge_llm.api.protocol.llama_server_answers import PromptProgress
 from edge_llm.api.protocol.responses_answers import (
     Event,
     MessageItem,
@@ -78,9 +79,13 @@ class ResponseBuilder:
         return [response_event("created", self._next(), snapshot),
                 response_event("in_progress", self._next(), snapshot)]
 
-    def still_in_progress(self) -> Event:
-        """The same snapshot again, while a long prompt is prefilled: the stream shows it moving."""
-        return response_event("in_progress", self._next(), self.response("in_progress"))
+    def still_in_progress(self, progress: PromptProgress | None = None) -> Event:
+        """The same snapshot again, while a long prompt is prefilled: the stream shows it moving (with llama-server's
+        `prompt_progress` when the request asked for it)."""
+        event = response_event("in_progress", self._next(), self.response("in_progress"))
+        if progress is not None:
+            event["prompt_progress"] = progress
+        return event
 
     def text(self, delta: str) -> list[Event]:
         if not delta:
