@@ -98,6 +98,24 @@ def test_identical_input_gives_an_identical_vector_while_streams_run_beside_it(s
     assert len(during) >= 3, f"the stream got {len(during)} chunks while the embeddings were computed"
 
 
+def test_llama_servers_input_forms_read_as_their_text(server: RunningServer) -> None:
+    """llama-server's forms beside OpenAI's four (llama.cpp's test_embedding): ids and text mixed, an object with
+    `prompt_string` or with `content` text parts, and a list of these; media parts are the text-only 400."""
+    head = httpx.post(server.url + "/tokenize", json={"content": "Hello", "add_special": True}).json()["tokens"]
+    whole = embed(server, input="Hello world").json()["data"][0]["embedding"]
+    parts = {"content": [{"type": "text", "text": "Hello "}, {"type": "text", "text": "world"}]}
+    mixed = embed(server, input=[*head, " world"])
+    assert mixed.status_code == 200, mixed.text
+    assert mixed.json()["data"][0]["embedding"] == whole
+    several = embed(server, input=["Hello world", {"prompt_string": "Hello world"}, parts, [*head, " world"]])
+    assert several.status_code == 200, several.text
+    assert [item["embedding"] for item in several.json()["data"]] == [whole] * 4
+    picture = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}
+    image = embed(server, input={"content": [picture]})
+    assert image.status_code == 400 and "cannot be read" in image.json()["error"]["message"]
+    assert embed(server, input={"content": "Hello"}).status_code == 400
+
+
 @pytest.mark.parametrize(
     ("body", "status", "param", "code"),
     [

@@ -8,21 +8,80 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypedDict
 
-from pydantic import BaseModel, Field, StrictInt, StrictStr
+from pydantic import BaseModel, Field, field_validator
 
-from edge_llm.api.protocol.common import RequestModel
+from edge_llm.api.protocol.common import RequestModel, unreadable
 
 MAX_INPUTS = 2048  # OpenAI's limit on the items of one request
 MAX_REQUEST_TOKENS = 32768  # all inputs together: about two minutes of work on a small CPU
 
 
+Input = list[int | str]  # one input: text pieces and token ids, in order (one string: a list of one piece)
+_SHAPES = ("a string, token ids, token ids and strings mixed, an object with 'prompt_string' or with 'content' "
+           "text parts, or a list of these")
+
+
 class EmbeddingsRequest(RequestModel):
-    # A string, strings, one text as token ids, or texts as token ids (OpenAI's four forms).
-    input: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+    # OpenAI's four forms (a string, strings, one text as token ids, texts as token ids) and llama-server's
+    # (token ids and text mixed, {"prompt_string": …}, {"content": [text parts]}): read into `inputs`.
+    input: Any = Field(description="a string, a list of strings, token ids, or a list of token-id lists")
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _inputs(cls, value: Any) -> list[Input]:
+        return embedding_inputs(value)
+
+    @property
+    def inputs(self) -> list[Input]:
+        return self.input  # type: ignore[no-any-return]  # embedding_inputs made it a list of inputs
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def embedding_inputs(value: Any) -> list[Input]:
+    """llama-server's reading of `input` (handle_embeddings_impl): a list holding a token id at its top is ONE input
+    (ids and text mixed), any other list several; an empty text is refused later, naming its input."""
+    items = value if isinstance(value, list) and not any(_is_id(item) for item in value) else [value]
+    if not items:
+        raise ValueError("must not be empty")
+    if len(items) > MAX_INPUTS:
+        raise ValueError(f"has {len(items)} items; at most {MAX_INPUTS} are allowed")
+    return [_one_input(item, f"input {index}: " if len(items) > 1 else "") for index, item in enumerate(items)]
+
+
+def _one_input(item: Any, where: str) -> Input:
+    if isinstance(item, dict):
+        if "content" in item:
+            return [_content_text(item["content"], where)]
+        if item.get("multimodal_data") is not None:
+            raise unreadable(f"{where}multimodal_data")
+        item = item.get("prompt_string")
+    if isinstance(item, str):
+        return [item]
+    if isinstance(item, list) and all(_is_id(piece) or isinstance(piece, str) for piece in item):
+        return list(item)
+    raise ValueError(f"{where}each input must be {_SHAPES.removesuffix(', or a list of these')}")
+
+
+def _content_text(parts: Any, where: str) -> str:
+    """llama-server's OpenAI-style content parts: their texts joined; other media cannot be read here."""
+    if not isinstance(parts, list) or not all(isinstance(part, dict) for part in parts):
+        raise ValueError(f"{where}'content' must be a list of content parts")
+    texts = []
+    for part in parts:
+        kind = part.get("type")
+        if kind in ("image_url", "input_audio", "input_video", "image", "audio", "video", "file"):
+            raise unreadable(f"{where}content parts of type '{kind}'")
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise ValueError(f"{where}content parts must be {{'type': 'text', 'text': …}} (got type {kind!r})")
+        texts.append(part["text"])
+    return "".join(texts)
 
 
 class Embedding(BaseModel):

@@ -15,7 +15,13 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from edge_llm.api.errors import from_engine_error, invalid_request
-from edge_llm.api.protocol.embeddings import MAX_INPUTS, MAX_REQUEST_TOKENS, EmbeddingsRequest, embedding_list
+from edge_llm.api.protocol.embeddings import (
+    MAX_INPUTS,
+    MAX_REQUEST_TOKENS,
+    EmbeddingsRequest,
+    Input,
+    embedding_list,
+)
 from edge_llm.api.request_context import RequestContext, request_context
 from edge_llm.api.serving.base import Serving
 from edge_llm.api.serving.outcome import engine_unavailable, failure_error
@@ -41,7 +47,7 @@ class EmbeddingServing(Serving):
         body = await self.read(request, EmbeddingsRequest)
         info = self.embedding_model()
         self.check_dimensions(body.dimensions, info)
-        inputs = await self.token_inputs(context, body.input, info)
+        inputs = await self.token_inputs(context, body.inputs, info)
         request_id, event = await self.embed(request, inputs, info)
         vectors = [_encoded(vector, body.encoding_format) for vector in event.vectors]
         return JSONResponse(embedding_list(vectors, self.answer_model(context), event.prompt_tokens),
@@ -92,23 +98,19 @@ class EmbeddingServing(Serving):
         """The most tokens one input may have."""
         return min(info.embedding_max_tokens, self.settings.max_prompt_tokens or info.embedding_max_tokens)
 
-    async def token_inputs(self, context: RequestContext, given: str | list[str] | list[int] | list[list[int]],
-                           info: ModelInfo, *, limit: int | None = None, truncate: bool = False) -> list[list[int]]:
-        """Each input as token ids, checked; texts are tokenized in the tokenizer thread. An input longer than `limit`
-        (at most `token_limit`) is refused, or with `truncate` keeps its first tokens (Ollama's `truncate`)."""
-        if isinstance(given, str):
-            items: list[str] | list[list[int]] = [given]
-        elif given and all(isinstance(item, int) for item in given):
-            items = [given]  # type: ignore[list-item]  # one text as token ids
-        else:
-            items = given  # type: ignore[assignment]
+    async def token_inputs(self, context: RequestContext, given: str | list[str] | list[Input], info: ModelInfo, *,
+                           limit: int | None = None, truncate: bool = False) -> list[list[int]]:
+        """Each input as token ids, checked; texts are tokenized in the tokenizer thread (an input may be text pieces
+        and token ids mixed). An input longer than `limit` (at most `token_limit`) is refused, or with `truncate`
+        keeps its first tokens (Ollama's `truncate`)."""
+        items: list[str] | list[Input] = [given] if isinstance(given, str) else given
         if not items:
             raise invalid_request("`input` must not be empty", param="input")
         if len(items) > MAX_INPUTS:
             raise invalid_request(f"`input` has {len(items)} items; at most {MAX_INPUTS} are allowed", param="input")
-        texts = [item for item in items if isinstance(item, str)]
-        tokenized = iter(await self.off_loop(context, self._tokenize_all, texts) if texts else [])
-        inputs = [next(tokenized) if isinstance(item, str) else item for item in items]
+        with_text = [item for item in items if not _ids_only(item)]
+        tokenized = iter(await self.off_loop(context, self._tokenize_all, with_text) if with_text else [])
+        inputs = [list(item) if _ids_only(item) else next(tokenized) for item in items]  # type: ignore[arg-type]
         limit = min(limit or self.token_limit(info), self.token_limit(info))
         if truncate:
             inputs = [tokens[:limit] for tokens in inputs]
@@ -127,9 +129,24 @@ class EmbeddingServing(Serving):
                                   "allowed in one request", param="input")
         return inputs
 
-    def _tokenize_all(self, texts: list[str]) -> list[list[int]]:
-        """Texts as the model reads them (its BOS when it adds one); control-token spellings stay text."""
-        return [self.engine.tokenize(text, add_special=True, parse_special=False) if text else [] for text in texts]
+    def _tokenize_all(self, items: list[str] | list[Input]) -> list[list[int]]:
+        """Texts as the model reads them (its BOS when it adds one, before a first piece of text, as llama-server's
+        tokenize_mixed); control-token spellings stay text."""
+        result = []
+        for item in items:
+            tokens: list[int] = []
+            for index, piece in enumerate([item] if isinstance(item, str) else item):
+                if isinstance(piece, str):
+                    if piece:
+                        tokens.extend(self.engine.tokenize(piece, add_special=index == 0, parse_special=False))
+                else:
+                    tokens.append(piece)
+            result.append(tokens)
+        return result
+
+
+def _ids_only(item: str | Input) -> bool:
+    return not isinstance(item, str) and all(isinstance(piece, int) for piece in item)
 
 
 def _encoded(vector: np.ndarray, encoding_format: str) -> list[float] | str:
