@@ -180,15 +180,26 @@ def _imported(log: str) -> set[str]:
 
 
 def test_what_the_start_up_does_not_import_until_asked(tmp_path: Path) -> None:
-    """The start-up imports before the model load begins are on the path to ready (issue 40): Jinja (the chat
-    template, compiled by the first chat request) and the `gguf` package (its reader and writer, PyYAML; the
-    header walk needs only its tables) are not imported by a server that is ready."""
+    """The start-up imports before the model load begins are on the path to ready (issue 40): the load begins once
+    the settings and the model file are checked, before the engine, numpy and the API are imported (they are
+    imported beside the load); Jinja (the chat template, compiled by the first chat request) and the `gguf` package
+    (its reader and writer, PyYAML; the header walk needs only its tables) are not imported by a server that is
+    ready."""
     late = {"jinja2", "gguf", "yaml", "llama_cpp.llama", "diskcache"}
-    with run_server(tmp_path, "--ctx-size", "1024", "--parallel", "1", "--cache-slots", "0",
+    with run_server(tmp_path, "--ctx-size", "1024", "--parallel", "1", "--cache-slots", "0", "--log-level", "debug",
                     env={"PYTHONPROFILEIMPORTTIME": "1"}) as server:
-        at_ready = _imported(server.log())
+        log = server.log()
+        at_ready = _imported(log)
         assert {"edge_llm.api.app", "edge_llm.models.gguf_info", "edge_llm.engine.llama.bindings"} <= at_ready  # the log is the list
         assert not late & at_ready
+        # One stream, written in this order by the main thread: the load's start, then these imports' ends.
+        lines = log.splitlines()
+        load_begins = next((i for i, line in enumerate(lines) if f"loading {MODEL}" in line), None)
+        assert load_begins is not None, "no line says the model load began"
+        for module in ("numpy", "edge_llm.registry.setup", "edge_llm.engine.llama.runner", "edge_llm.api.app"):
+            imported = next(i for i, line in enumerate(lines)
+                            if line.startswith("import time:") and line.rsplit("|", 1)[1].strip() == module)
+            assert imported > load_begins, f"{module} was imported before the model load began"
         answer = httpx.post(server.url + "/v1/chat/completions", timeout=120,
                             json={"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 2})
         assert answer.status_code == 200, answer.text

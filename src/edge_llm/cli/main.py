@@ -6,10 +6,14 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edge_llm import __version__
 from edge_llm.config import Settings, add_settings_arguments, logit_rows, settings_from_args
 from edge_llm.models.fetch import MODELS_DIR_ENV, default_model_path, models_dir
+
+if TYPE_CHECKING:
+    from edge_llm.engine.llama.loading import EarlyLoad
 
 logger = logging.getLogger("edge_llm.cli")
 
@@ -181,23 +185,36 @@ _GIL_SWITCH_INTERVAL = 0.001  # seconds
 
 def _run_server(settings: Settings) -> int:
     """Listens at once (/healthz 200; with --model alone /readyz 503 "loading" while the engine thread loads it)."""
-    from edge_llm.cli.preflight import memory_budget
-    from edge_llm.registry.setup import build_registry
-    from edge_llm.registry.specs import ModelSpecError
-
     # The event loop shares the GIL with the tokenizer thread's Python work (templates, grammars, schemas): with
     # the default 5 ms hand-over, each of the loop's several GIL waits per request costs up to 5 ms, and /healthz
     # took 160-280 ms beside a megabyte prompt; 1 ms keeps the loop's answers prompt (issue 41).
     sys.setswitchinterval(_GIL_SWITCH_INTERVAL)
+    early = None
+    if settings.models_dir is None:  # one model, loaded at start-up: its file loads from now on (EarlyLoad)
+        from edge_llm.engine.llama.loading import EarlyLoad
+
+        early = EarlyLoad(settings.model.absolute(), deterministic=settings.deterministic)
     try:
-        registry = build_registry(settings, _engine_factory(settings), default_budget=memory_budget())
+        return _serve_registry(settings, early)
+    finally:
+        if early is not None:
+            early.close()  # frees the model if the start-up failed before the engine took it
+
+
+def _serve_registry(settings: Settings, early: EarlyLoad | None) -> int:
+    from edge_llm.cli.preflight import memory_budget
+    from edge_llm.registry.setup import build_registry
+    from edge_llm.registry.specs import ModelSpecError
+
+    try:
+        registry = build_registry(settings, _engine_factory(settings, early), default_budget=memory_budget())
     except (ModelSpecError, ValueError) as exc:
         return _fail(str(exc))
     if not registry.on_demand:
-        # Imported here, first: on the engine thread this import (llama_cpp, ~0.1 s of Python) would share the GIL with
-        # the API's import and start the model load (C, without the GIL) later by as much (issue 40).
+        # Imported here, first: on the engine thread this import (~0.1 s of Python) would share the GIL with the API's
+        # import and create the context (C, without the GIL) later by as much (issue 40).
         import edge_llm.engine.llama.runner  # noqa: F401
-    registry.preload()  # the model loads on its engine thread while the API is imported and the socket opened
+    registry.preload()  # the engine thread takes the model and makes its context while the API is imported
     from edge_llm.api.app import create_app
     from edge_llm.cli.banner import log_banner, log_models_banner
 
@@ -282,15 +299,15 @@ def _graceful_server(app, settings: Settings):  # type: ignore[no-untyped-def]
     return server
 
 
-def _engine_factory(settings: Settings):  # type: ignore[no-untyped-def]
-    """Makes one model's engine (not started: the registry starts it, which loads the model)."""
+def _engine_factory(settings: Settings, early: EarlyLoad | None = None):  # type: ignore[no-untyped-def]
+    """Makes one model's engine (not started: the registry starts it, which loads the model, or takes `early`'s)."""
     from edge_llm.engine.facade import EngineClient
     from edge_llm.engine.thread.worker import Engine
     from edge_llm.registry.specs import ModelSpec
 
     def make(spec: ModelSpec) -> EngineClient:
         return EngineClient(Engine(
-            _runner_factory(settings, spec.path, spec.name if settings.models_dir is not None else None),
+            _runner_factory(settings, spec.path, spec.name if settings.models_dir is not None else None, early),
             n_ctx=settings.kv_cells,
             stream_cells=settings.stream_cells,
             batch_size=settings.batch_size,
@@ -308,7 +325,8 @@ def _engine_factory(settings: Settings):  # type: ignore[no-untyped-def]
     return make
 
 
-def _runner_factory(settings: Settings, path: Path, log_name: str | None):  # type: ignore[no-untyped-def]
+def _runner_factory(settings: Settings, path: Path, log_name: str | None,  # type: ignore[no-untyped-def]
+                    early: EarlyLoad | None):
     def load():  # type: ignore[no-untyped-def]  # on the engine thread
         from edge_llm.engine.llama.runner import ContextConfig, LlamaRunner
         from edge_llm.logs import bind_model
@@ -330,6 +348,7 @@ def _runner_factory(settings: Settings, path: Path, log_name: str | None):  # ty
                 deterministic=settings.deterministic,
                 grammar_step_budget=settings.grammar_step_budget_ms / 1000,
             ),
+            model=early.take(path) if early is not None else None,
         )
 
     return load

@@ -6,9 +6,10 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported by the engine's runner, after the model load began (issue 40)
+    import numpy as np
 
 
 class FinishReason(str, enum.Enum):

@@ -27,6 +27,7 @@ from edge_llm.engine.llama.embedding import EmbeddingContext
 from edge_llm.engine.llama.kv_state import read_sequence_state, write_sequence_state
 from edge_llm.engine.llama.model_facts import embeds_in_chunks, fim_tokens, model_metadata
 from edge_llm.engine.llama.loading import STRLEN_ADDRESS, ModelLoadError, create_context, expected_failure, load_model
+from edge_llm.engine.llama.loading import model_params
 from edge_llm.engine.llama.sampling import Sampler, TokenSampling
 from edge_llm.engine.llama.vocabulary import grammar_token_texts, piece, scan_vocabulary, special_text
 from edge_llm.engine.scheduling.step_plan import KvCopy, KvOp, KvRemove, KvShift, KvTrim
@@ -103,15 +104,14 @@ def _context_params(config: ContextConfig) -> llama_cpp.llama_context_params:
 
 
 class LlamaRunner:
-    def __init__(self, model_path: Path, config: ContextConfig) -> None:
+    def __init__(self, model_path: Path, config: ContextConfig, model: llama_cpp.llama_model_p | None = None) -> None:
+        """`model`: the file already loaded with model_params(deterministic=config.deterministic) (EarlyLoad), which
+        the runner then owns."""
         self.config = config
         self.model_path = model_path
         if config.deterministic:
             os.environ[_TILED_MATMUL_SWITCH] = "0"
-        model_params = llama_cpp.llama_model_default_params()
-        # Repacked weights take a 4-row GEMM for groups of rows and a GEMV for the rest: batch-dependent rounding.
-        model_params.use_extra_bufts = not config.deterministic
-        self._model = load_model(model_path, model_params)
+        self._model = model or load_model(model_path, model_params(deterministic=config.deterministic))
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self._n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self._pieces: dict[int, bytes] = {}

@@ -12,15 +12,17 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from edge_llm.engine.thread.channel import Outbox, Sender
 from edge_llm.engine.types import Embedded, EmbeddingRequest, EmbeddingUnavailableError, Failed, Pooling
 
+if TYPE_CHECKING:  # imported by the first embedding: the model's header check at start-up imports this module
+    import numpy as np
+
 logger = logging.getLogger(__name__)
 
-HiddenStates = Callable[[list[int], int], np.ndarray]  # (chunk tokens, start position) → rows of hidden states
+HiddenStates = Callable[[list[int], int], "np.ndarray"]  # (chunk tokens, start position) → rows of hidden states
 
 # Tokens per step. With embeddings on, llama.cpp outputs every row of a batch, logits included: the embedding
 # context's output buffer holds EMBEDDING_BATCH × n_vocab floats (19 MB for a 152k vocabulary).
@@ -95,6 +97,8 @@ class EmbeddingQueue:
 
 
 def _pool(pooling: Pooling, pooled: np.ndarray | None, states: np.ndarray, *, first_chunk: bool) -> np.ndarray:
+    import numpy as np
+
     if pooling is Pooling.MEAN:
         total = states.sum(axis=0, dtype=np.float64)
         return total if pooled is None else pooled + total
@@ -104,6 +108,8 @@ def _pool(pooling: Pooling, pooled: np.ndarray | None, states: np.ndarray, *, fi
 
 
 def _normalised(pooling: Pooling, pooled: np.ndarray | None, n_tokens: int) -> np.ndarray:
+    import numpy as np
+
     assert pooled is not None
     vector = pooled / n_tokens if pooling is Pooling.MEAN else pooled
     norm = float(np.linalg.norm(vector))
