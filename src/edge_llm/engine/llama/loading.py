@@ -49,6 +49,7 @@ STRLEN_ADDRESS = ctypes.cast(_LIBC.strlen, ctypes.c_void_p).value
 _IGNORE_LOG_LINE = llama_cpp.llama_log_callback(ctypes.cast(_LIBC.abs, ctypes.c_void_p).value)
 _GO_ON = llama_cpp.llama_progress_callback(STRLEN_ADDRESS)
 _NON_EMPTY = ctypes.create_string_buffer(b"1")
+_MALLOC_TRIM = getattr(_LIBC, "malloc_trim", None)  # glibc's
 
 Handle = TypeVar("Handle")
 
@@ -94,6 +95,10 @@ class EarlyLoad:
     def _load(self) -> None:
         try:
             self._model = load_model(self.path, self._params)
+            if _MALLOC_TRIM is not None:
+                # The loader's temporaries were freed into this thread's own malloc arena, which keeps them: 4 MiB
+                # of RssAnon more than a load on the engine thread, 2 MiB less once trimmed (measured, issue 40).
+                _MALLOC_TRIM(0)
         except BaseException as exc:  # noqa: BLE001 - raised again by `take`, in the engine thread
             self._error = exc
 
