@@ -89,12 +89,12 @@ class DiskPrefixCache:
             self._candidates[sequence.request_id] = (entry, min(length, len(sequence.prompt) - 1))
 
     def before_step(self, scheduler: Scheduler, runner: StateRunner) -> None:
-        """Loads the saved entries the sequences about to be admitted want, in queue order (FIFO: the first that
-        cannot get room stops the rest)."""
+        """Loads the saved entries the sequences about to be admitted want, in the order admission takes them
+        (the first that cannot get room stops the rest)."""
         if not self._candidates:
             return
         room = scheduler.parallel - len(scheduler.running)
-        for sequence in list(scheduler.waiting)[:max(room, 0)]:
+        for sequence in scheduler.in_turn(max(room, 0)):
             candidate = self._candidates.get(sequence.request_id)
             if candidate is None:
                 continue

@@ -1,11 +1,14 @@
-"""Admission: waiting sequences (FIFO) get a sequence id and start their prefill while a slot and the KV cells they
-need are free, from the longest prefix the cache or a running sequence gives them; the cache is evicted (least
-recently used first) to make that room. Cache entries that come from outside the step loop (the persistent prefix
+"""Admission: waiting sequences get a sequence id and start their prefill while a slot and the KV cells they need are
+free, from the longest prefix the cache or a running sequence gives them; the cache is evicted (least recently used
+first) to make that room. Fair between requests (`_next_head`): a request's extra choices never sit ahead of
+another request's first sequence. Cache entries that come from outside the step loop (the persistent prefix
 cache, engine/prefix_cache/disk.py) get their id and cells by the same rules. Pure, no llama.cpp."""
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Hashable
+from collections.abc import Sequence as Sequence_
 
 from edge_llm.engine.scheduling.cached_prefixes import CachedPrefixes
 from edge_llm.engine.scheduling.chunk_moves import ChunkMove, ChunkMoves
@@ -34,14 +37,14 @@ class Admission:
     def admit(self) -> list[Sequence]:
         admitted: list[Sequence] = []
         while self.waiting and len(self._running) < self.parallel:
-            head = self.waiting[0]
+            head = _next_head(self.waiting, Counter(s.group for s in self._running))
             match = self._cached.best_prefix(head.feed) if head.use_cache else None
             moved = self._moves.movable(head, match, self._sharing.best_leader(head))
             if not self._make_room(head, match, moved):
                 if match is None or not self._make_room(head, None, None):
-                    break  # FIFO: the head waits for running sequences to finish; nothing overtakes it
+                    break  # the head waits for running sequences to finish; nothing overtakes it for memory
                 match, moved = self._cached.best_prefix(head.feed) if head.use_cache else None, None
-            self.waiting.popleft()
+            self.waiting.remove(head)
             head.phase = Phase.PREFILL
             lead = self._sharing.best_leader(head)
             if lead is not None and (match is None or lead[1] > match[1]):
@@ -58,6 +61,17 @@ class Admission:
             self._running.append(head)
             admitted.append(head)
         return admitted
+
+    def in_turn(self, count: int) -> list[Sequence]:
+        """The next `count` waiting sequences in the order admission takes them (as long as each fits)."""
+        waiting, running = list(self.waiting), Counter(s.group for s in self._running)
+        chosen: list[Sequence] = []
+        while waiting and len(chosen) < count:
+            head = _next_head(waiting, running)
+            waiting.remove(head)
+            running[head.group] += 1
+            chosen.append(head)
+        return chosen
 
     def reusable_length(self, sequence: Sequence) -> int:
         """How much of a waiting sequence's feed the cache or a running leader would give it now."""
@@ -123,3 +137,20 @@ class Admission:
                 return False
             self._cached.evict(victim, "kv_cells" if self._kv.free_ids else "cache_slots")
         return True
+
+
+def _next_head(waiting: Sequence_[Sequence], running: Counter[Hashable]) -> Sequence:
+    """The waiting sequence admitted next, when it fits (and none other while it does not): a preempted one first
+    (they wait at the front, so they keep their turn); else the oldest waiting sequence of the request (`group`) with
+    the fewest sequences `running`, ties to the request whose oldest waiting sequence came first. So the choices of an
+    `n: 8` request queued ahead of another request take slots only while that one has as many running."""
+    head = waiting[0]
+    if head.preemptions:
+        return head
+    fewest = running[head.group]
+    for sequence in waiting:
+        if not fewest:
+            break
+        if running[sequence.group] < fewest:
+            head, fewest = sequence, running[sequence.group]
+    return head

@@ -2,7 +2,8 @@
 
 It decides, step by step, which tokens go into the next `llama_decode`: decode first (one token
 for every running sequence), then prompt chunks of admitted sequences up to the batch size. It
-admits waiting requests FIFO while a sequence slot and KV cells are free, reuses cached prefixes
+admits waiting sequences while a sequence slot and KV cells are free, fairly between requests
+(admission.py: the request with the fewest sequences running first, then FIFO), reuses cached prefixes
 of finished sequences, and evicts those cache entries least-recently-used when their cells are
 needed.
 
@@ -18,6 +19,7 @@ preempted again, so none starves.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Hashable
 
 from edge_llm.engine.scheduling.admission import Admission
 from edge_llm.engine.scheduling.cached_prefixes import CachedPrefixes
@@ -121,14 +123,17 @@ class Scheduler:
     # ---- insert / remove ----------------------------------------------------------------
 
     def add(self, request_id: str, prompt: list[int], max_tokens: int, *, use_cache: bool = True,
-            reuse_min: int = 0, speculative: bool = False) -> Sequence:
+            reuse_min: int = 0, speculative: bool = False, group: Hashable = None) -> Sequence:
+        """Queues a sequence; `group` is the API request it answers (choices of one request share it; None: its own
+        request), which admission is fair between."""
         if not prompt:
             raise ValueError("empty prompt")
         if len(prompt) + max_tokens > self.sequence_context or max_tokens < 1:
             raise RequestTooLargeError(
                 f"{len(prompt)} prompt tokens + {max_tokens} new tokens exceed the context of {self.sequence_context}"
             )
-        sequence = Sequence(request_id, list(prompt), max_tokens, use_cache=use_cache, reuse_min=reuse_min)
+        sequence = Sequence(request_id, list(prompt), max_tokens, request_id if group is None else group,
+                            use_cache=use_cache, reuse_min=reuse_min)
         sequence.feed = sequence.prompt
         if speculative:
             sequence.speculation = Speculation()
@@ -322,6 +327,10 @@ class Scheduler:
         """Every queued KV op, in the order the next step would hand them out; only between a step's decode and the
         next step (then the ops that wait for a decode may go)."""
         return self.kv.take_all_ops()
+
+    def in_turn(self, count: int) -> list[Sequence]:
+        """The next `count` waiting sequences in the order admission takes them (as long as each fits)."""
+        return self._admission.in_turn(count)
 
     def reusable_length(self, sequence: Sequence) -> int:
         """How much of a waiting sequence's feed the cache or a running leader would give it now."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ class Sequence:
     request_id: str
     prompt: list[int]
     max_tokens: int
+    group: Hashable = None  # the API request it answers (the choices of `n` share it): admission is fair between them
     phase: Phase = Phase.WAITING
     seq_id: int = -1
     n_past: int = 0  # positions of this sequence already in the KV cache

@@ -57,7 +57,8 @@ class ActiveRequests:
             active.sampler = self._runner.new_sampler(request.sampling)
             active.sequence = self._scheduler.add(request.request_id, request.prompt_tokens, request.max_tokens,
                                                   use_cache=request.cache_prompt, reuse_min=request.reuse_min,
-                                                  speculative=self._speculative and request.speculative)
+                                                  speculative=self._speculative and request.speculative,
+                                                  group=active.channel.route()[0])  # one channel per API request
             if self._disk is not None:
                 self._disk.on_submitted(active.sequence)
         except Exception as exc:  # noqa: BLE001
