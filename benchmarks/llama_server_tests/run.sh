@@ -9,7 +9,9 @@
 # ONE_SERVER=1: one server per file, started by this script with the file's preset flags, instead of one per test
 # (llama.cpp's DEBUG_EXTERNAL mode: minutes instead of hours on a loaded machine; the tests that change the
 # server's flags before starting it then run against the preset's server). PYTEST_K: a pytest -k expression, to run
-# only some tests of the files (their log and XML then hold only those).
+# only some tests of the files (their log and XML then hold only those). EXTRA_ALIASES (ONE_SERVER=1 only): more
+# model names for the preset's --alias, comma-separated (test_compat_anthropic names its model `test`, a 404 here:
+# EXTRA_ALIASES=test runs its protocol checks instead; say so with the results).
 set -euo pipefail
 
 HERE=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
@@ -56,12 +58,15 @@ export EDGE_LLM_PYTHON=$PYTHON
 export PYTHONPATH=$ROOT/src:$WORK/stand-ins${PYTHONPATH:+:$PYTHONPATH}
 export LLAMA_CACHE=$WORK/cache
 
-# The flags of the preset each file's tests start (tools/server/tests/utils.py ServerPreset), for ONE_SERVER=1.
+# The flags of the preset each file's tests start (tools/server/tests/utils.py ServerPreset, with the file's own
+# changes in its autouse fixture), for ONE_SERVER=1.
+ALIASES=${EXTRA_ALIASES:+,$EXTRA_ALIASES}
 preset_flags() {
   case "$1" in
-    test_infill) echo "--alias tinyllama-infill --ctx-size 2048 --batch-size 1024 --parallel 1 --n-predict 64 --temp 0.0" ;;
-    test_embedding) echo "--alias bert-bge-small --ctx-size 512 --batch-size 128 --parallel 2 --embedding --temp 0.8" ;;
-    *) echo "--alias tinyllama-2 --ctx-size 512 --batch-size 32 --parallel 2 --n-predict 64 --temp 0.8" ;;
+    test_infill) echo "--alias tinyllama-infill$ALIASES --ctx-size 2048 --batch-size 1024 --parallel 1 --n-predict 64 --temp 0.0" ;;
+    test_embedding) echo "--alias bert-bge-small$ALIASES --ctx-size 512 --batch-size 128 --parallel 2 --embedding --temp 0.8" ;;
+    test_compat_anthropic) echo "--alias tinyllama-2-anthropic$ALIASES --ctx-size 8192 --batch-size 2048 --parallel 1 --n-predict 64 --temp 0.8" ;;
+    *) echo "--alias tinyllama-2$ALIASES --ctx-size 512 --batch-size 32 --parallel 2 --n-predict 64 --temp 0.8" ;;
   esac
 }
 
