@@ -58,6 +58,10 @@ REASONS: list[tuple[str, str, str]] = [
      TIMED_OUT + " (its list of prompts is answered: tests/integration/test_llama_dialect.py "
      "test_completion_answers_a_list_of_prompts_one_result_each)"),
     ("test_completion", "test_completion_parallel_slots", SLOTS),
+    ("test_completion", "test_completion_unified",
+     "shim (fixed after this run): --n-predict 64 went in as --max-tokens-cap, so its n_predict 70-90 answered 64 "
+     "tokens (server log: completion_tokens=64) where it checks predicted_n == n_predict; llama-server reads "
+     "--n-predict as a default only, and the shim now passes it so (not rerun: no time on the loaded machine)"),
     ("test_completion", "test_json_prompt_no_mtmd",
      TIMED_OUT + " (passed in the 13:40 UTC run; its `{\"prompt_string\": …}` prompt is read)"),
     ("test_chat_completion", "test_chat_completion_with_openai_library", OPENAI_MODEL),
@@ -120,6 +124,30 @@ REASONS: list[tuple[str, str, str]] = [
     ("test_compat_anthropic", "test_anthropic_thinking_history_",
      CHAT_TEMPLATE + " (Qwen3's template file); and by design thinking blocks sent back are left out of the "
      "prompt of a model that does not reason (issue 37), so they neither add tokens nor render in <think>"),
+    ("test_security", "test_access_static_assets_without_api_key",
+     "flag without an equivalent: llama-server's web UI build (/sw.js, /manifest.webmanifest, /_app/version.json) "
+     "does not exist here, and with --api-key an unknown path answers 401 before 404; the web chat here is one "
+     "page at /, served without the key as there"),
+    ("test_security", "test_correct_api_key",
+     "timed out at 120 s (64 tokens on the loaded machine); and by design: POST /completions (no /v1) is "
+     "OpenAI's text completion here (`choices`), as every OpenAI route "
+     "answers without /v1 for a client whose base URL has none; llama-server serves its native /completion there "
+     "(`content`); /completion is the native route here"),
+    ("test_security", "test_openai_library_correct_api_key", OPENAI_MODEL.replace(
+        "`davinci-002` / `gpt-3.5-turbo-instruct`", "`gpt-3.5-turbo`")),
+    ("test_security", "test_cors_options",
+     "by design: CORS is off unless --cors-origins names the origins (a local server is not readable from any "
+     "web page), and a preflight from an origin not allowed is a 403; llama-server allows every origin by default"),
+    ("test_security", "test_cors_origins_localhost_",
+     "flag difference: --cors-origins takes origins here; llama-server's keyword `localhost` (any loopback origin, "
+     "any port) is not one, and a preflight from an origin not allowed is a 403 here (llama-server: 200 without "
+     "Access-Control-Allow-Origin)"),
+    ("test_security", "test_cors_origins_defaults_to_localhost_with_tools_enabled",
+     "flag without an equivalent: llama-server's router mode and --server-tools"),
+    ("test_security", "test_cors_proxy_", "flag without an equivalent: llama-server's router mode CORS proxy"),
+    ("test_security", "test_local_media_file",
+     "flag without an equivalent: image input (tinygemma3 with its mmproj, --media-path): here an image part is "
+     "the text-only 400, so the cases expecting 400 pass and those expecting 200 fail"),
     ("test_metrics", "test_metrics_disabled",
      "by design: /metrics is always on here (no --metrics flag; llama-server answers 501 without it)"),
     ("test_metrics", "test_metrics_prometheus_format", HEADER_CASE),

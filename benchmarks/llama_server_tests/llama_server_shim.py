@@ -57,9 +57,11 @@ def chat_template(value: str) -> list[str]:
 
 
 def n_predict(value: str) -> list[str]:
+    """llama-server's --n-predict is the default of a request that names no n_predict / max_tokens, not a cap (a
+    request's own n_predict wins: server-context.cpp n_predict_max)."""
     if int(value) < 0:
         return []
-    return ["--default-max-tokens", value, "--max-tokens-cap", value]
+    return ["--default-max-tokens", value]
 
 
 ALWAYS_ON = "always on here"
