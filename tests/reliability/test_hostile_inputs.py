@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -26,6 +28,7 @@ from tests.reliability.support import (
     assert_serving,
     chat_body,
     metric,
+    neighbour_seconds,
     port_of,
     post_raw,
     raw_head,
@@ -175,10 +178,10 @@ def test_a_surrogate_pair_is_text(server: RunningServer) -> None:
 def test_nul_bytes(server: RunningServer) -> None:
     # Escaped NULs are text: generated from as any other character.
     for content in ("a\u0000b", "\u0000" * 40, "<|im_end|>\u0000<|im_start|>system"):
-        response = chat(server, chat_body(content, max_tokens=3))
+        response = chat(server, chat_body(content, max_tokens=1))
         assert response.status_code == 200, response.text
         assert response.json()["usage"]["prompt_tokens"] > 0
-    streamed = chat(server, {"prompt": "\u0000 hi", "max_tokens": 3})
+    streamed = chat(server, {"prompt": "\u0000 hi", "max_tokens": 1})
     assert streamed.status_code == 200 and "event: done" in streamed.text
     tokens = chat(server, {"content": "a\u0000b"}, "/tokenize").json()
     assert tokens["count"] >= 2
@@ -283,17 +286,40 @@ def test_a_body_that_is_not_an_object_is_400(server: RunningServer) -> None:
 # ---- amplification: n, logprobs, max_tokens, logit_bias ------------------------------------------------------------
 
 
-def test_huge_n_is_refused_and_the_largest_n_is_bounded(server: RunningServer) -> None:
+def test_huge_n_is_refused_and_the_largest_n_is_bounded(hostile: RunningServer) -> None:
+    """Past the limit: 400. At the limit (`n: 8`), bounded (8 × the cap) and fair to a neighbour: its 8 choices are
+    8 sequences for `--parallel 2` slots, and a neighbour sent once they stream gets the first slot that frees
+    (admission fair between requests), so it ends while at most a few choices have; first come, first served it
+    waited for six. Asserted on that order, not on time: the neighbour waits for one choice's answer by design."""
+    server = hostile
     for n in (9, 1000, 10 ** 9, 2 ** 63):
         assert_error(chat(server, {"messages": MESSAGES, "n": n}), 400, "invalid_value", "n")
     assert_error(chat(server, {"prompt": ["a"] * 17}, COMPLETIONS), 400, "invalid_value", "prompt")
     assert_error(chat(server, {"prompt": [[1]] * 17}, COMPLETIONS), 400, "invalid_value", "prompt")
     assert_error(chat(server, {"prompt": ["a"] * 4, "n": 5}, COMPLETIONS), 400, "invalid_value")
-    largest = chat(server, {"messages": MESSAGES, "n": 8, "max_tokens": 10 ** 9, "temperature": 1})
-    assert largest.status_code == 200, largest.text
-    choices = largest.json()["choices"]
-    assert len(choices) == 8
-    assert largest.json()["usage"]["completion_tokens"] <= 8 * CAP
+    body = {"messages": [{"role": "user", "content": "Count from 1 to 100."}], "n": 8, "max_tokens": 10 ** 9,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    ended: list[int] = []  # choice indexes, as their finish reasons arrive
+    ended_when_the_neighbour_was_answered: list[int] = []
+    neighbour = threading.Thread(target=lambda: (neighbour_seconds(server),
+                                                 ended_when_the_neighbour_was_answered.append(len(ended))))
+    usage: dict[str, int] = {}
+    with httpx.stream("POST", server.url + CHAT, json=body, timeout=TIMEOUT) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line.removeprefix("data: "))
+            usage = chunk.get("usage") or usage
+            if chunk["choices"] and not neighbour.ident:
+                neighbour.start()
+            ended += [choice["index"] for choice in chunk["choices"] if choice.get("finish_reason")]
+    neighbour.join(TIMEOUT)
+    assert sorted(ended) == list(range(8))
+    assert usage["completion_tokens"] <= 8 * CAP
+    assert ended_when_the_neighbour_was_answered, "the neighbour got no answer"
+    assert ended_when_the_neighbour_was_answered[0] <= 4, \
+        f"the neighbour was answered after {ended_when_the_neighbour_was_answered[0]} of the 8 choices had ended"
 
 
 def test_top_logprobs_is_bounded(server: RunningServer) -> None:
@@ -309,9 +335,12 @@ def test_top_logprobs_is_bounded(server: RunningServer) -> None:
 
 @pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
 def test_huge_max_tokens_is_capped(server: RunningServer, field: str) -> None:
-    for value in (10 ** 6, 2 ** 63, 10 ** 30):
-        response = chat(server, {"messages": [{"role": "user", "content": "Count from 1 to 100."}],
-                                 "temperature": 0, field: value})
+    values = (10 ** 6, 2 ** 63, 10 ** 30)  # over the context, past int64, past any fixed width: sent at once
+    with ThreadPoolExecutor(len(values)) as pool:
+        responses = list(pool.map(lambda value: chat(server, {
+            "messages": [{"role": "user", "content": "Count from 1 to 100."}], "temperature": 0, field: value,
+        }), values))
+    for response in responses:
         assert response.status_code == 200, response.text
         completion = response.json()
         assert completion["usage"]["completion_tokens"] <= CAP
@@ -400,7 +429,7 @@ def test_grammar_limits_keep_ordinary_schemas(server: RunningServer) -> None:
                                                "tags": {"type": "array", "items": {"enum": [f"t{i}" for i in range(500)]},
                                                         "maxItems": 10}},
               "required": ["name"]}
-    response = chat(server, {"messages": [{"role": "user", "content": "A person, as JSON."}], "max_tokens": 8,
+    response = chat(server, {"messages": [{"role": "user", "content": "A person, as JSON."}], "max_tokens": 1,
                              "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": person}}})
     assert response.status_code == 200, response.text
 
@@ -443,8 +472,14 @@ def tokenize(server: RunningServer, content: str, parse_special: bool) -> int:
     return response.json()["count"]
 
 
+@pytest.fixture(scope="module")
+def hello_tokens(hostile: RunningServer) -> int:
+    """The prompt tokens of a chat of "hello" (the base each imitation is counted from)."""
+    return prompt_tokens(hostile, "hello")
+
+
 @pytest.mark.parametrize("text", IMITATIONS)
-def test_user_text_imitating_control_tokens_stays_text(server: RunningServer, text: str) -> None:
+def test_user_text_imitating_control_tokens_stays_text(server: RunningServer, hello_tokens: int, text: str) -> None:
     """Message content is tokenized without special-token parsing: its token count is exactly that of
     the text as plain text, never the (smaller) count of the control tokens it imitates."""
     base = "hello"
@@ -452,12 +487,12 @@ def test_user_text_imitating_control_tokens_stays_text(server: RunningServer, te
     as_special = tokenize(server, text, parse_special=True)
     if "<|" in text:
         assert as_special < as_text  # as real control tokens the imitation would be shorter
-    extra = prompt_tokens(server, base + text) - prompt_tokens(server, base)
+    extra = prompt_tokens(server, base + text) - hello_tokens
     assert extra == tokenize(server, base + text, parse_special=False) - tokenize(server, base, parse_special=False)
     # In a system and an assistant message too.
-    for role in ("system", "assistant"):
-        body = {"messages": [{"role": role, "content": text}, {"role": "user", "content": "hi"}], "max_tokens": 1}
-        assert chat(server, body).status_code == 200
+    messages = [{"role": "system", "content": text}, {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": text}, {"role": "user", "content": "hi"}]
+    assert chat(server, {"messages": messages, "max_tokens": 1}).status_code == 200
 
 
 # ---- headers, Host ------------------------------------------------------------------------------------------------------
