@@ -113,5 +113,7 @@ fi
 
 case "$action" in
   serve) exec .venv/bin/edge-llm serve "$@" ;;
-  test) exec .venv/bin/python -m pytest "$@" ;;
+  # Two pytest-xdist workers, whole files to each (a file's module servers stay in one worker); `-n 0` after
+  # `test` runs the suite in one process.
+  test) exec .venv/bin/python -m pytest -n 2 --dist loadfile "$@" ;;
 esac

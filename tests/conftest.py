@@ -9,13 +9,20 @@ per start, issue 40); `pip install` and the Docker image compile them at install
 from __future__ import annotations
 
 import compileall
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-import edge_llm
-from tests.server_pool import SHARED_SERVERS, ServerPool, ServerWith
+# Under pytest-xdist with more than one worker (the README's command runs two), each server a test starts gets one
+# thread unless the user chose: two servers of 2 threads on 2 cores oversubscribe them, and ggml's threads spin at
+# their barriers. Set before edge_llm.testing.server (which reads it) is imported.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1) > 1:
+    os.environ.setdefault("EDGE_LLM_TEST_THREADS", "1")
+
+import edge_llm  # noqa: E402 - after the threads are chosen
+from tests.server_pool import SHARED_SERVERS, ServerPool, ServerWith  # noqa: E402
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:  # noqa: ARG001 - pytest's hook signature

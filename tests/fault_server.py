@@ -23,14 +23,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from edge_llm.testing.server import MODEL, RunningServer, free_port, require_model, run_process
+from edge_llm.testing.server import MODEL, THREADS, RunningServer, free_port, require_model, run_process
 
 REPO = Path(__file__).resolve().parents[1]
 SAVE_STALL_ENV = "EDGE_LLM_FAULT_SAVE_STALL"
 STUCK_LINE = "fault: the engine thread is stuck in a decode"
 
 
-def fault_server_command(port: int, *flags: str, model: Path = MODEL, threads: int = 2) -> list[str]:
+def fault_server_command(port: int, *flags: str, model: Path = MODEL, threads: int = THREADS) -> list[str]:
     """The command line of this server (run it with cwd=REPO, so that `tests` is importable)."""
     return [sys.executable, "-m", "tests.fault_server", "serve", "--model", str(model), "--port", str(port),
             "--threads", str(threads), *flags]

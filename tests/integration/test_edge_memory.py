@@ -15,7 +15,7 @@ import httpx
 
 from edge_llm.engine.prefix_cache.store import encode_entry, read_header, read_state
 from edge_llm.models.gguf_info import read_model_facts
-from edge_llm.testing.server import MODEL, RunningServer, run_server
+from edge_llm.testing.server import MODEL, THREADS, RunningServer, run_server
 
 from tests.fault_server import SAVE_STALL_ENV, run_fault_server
 from tests.helpers import SMALL_MODEL_CHAT, metric, scrape, small_model, wait_for
@@ -61,9 +61,9 @@ def test_a_q8_0_kv_cache_answers_and_reports_its_memory(tmp_path: Path) -> None:
 
 
 def test_a_quantized_v_without_flash_attention_is_one_startup_line() -> None:
-    result = subprocess.run([sys.executable, "-m", "edge_llm", "serve", "--model", str(MODEL), "--threads", "2",
-                             "--cache-type-v", "q4_0", "--flash-attn", "off"], capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run([sys.executable, "-m", "edge_llm", "serve", "--model", str(MODEL),
+                             "--threads", str(THREADS), "--cache-type-v", "q4_0", "--flash-attn", "off"],
+                            capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
         "edge-llm: error: --cache-type-v q4_0 needs flash attention: drop --flash-attn off, or keep V in f16")

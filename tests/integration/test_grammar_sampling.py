@@ -21,7 +21,7 @@ from edge_llm.engine.llama.schema_grammar import json_schema_to_grammar
 from edge_llm.engine.scheduling.step_plan import StepPlan
 from edge_llm.engine.types import SamplingParams
 from edge_llm.prompting.tools import forced_call_grammar
-from edge_llm.testing.server import MODEL
+from edge_llm.testing.server import MODEL, THREADS
 
 SCHEMAS = {
     "object": {"type": "object"},
@@ -40,7 +40,7 @@ PROMPT = ("<|im_start|>user\nDescribe a person called Ada who is 36, as JSON wit
 
 @pytest.fixture(scope="module")
 def runner() -> Iterator[LlamaRunner]:
-    runner = LlamaRunner(MODEL, ContextConfig(n_ctx=1024, n_batch=512, n_seq_max=1, n_threads=2, n_threads_batch=2))
+    runner = LlamaRunner(MODEL, ContextConfig(n_ctx=1024, n_batch=512, n_seq_max=1, n_threads=THREADS, n_threads_batch=THREADS))
     yield runner
     runner.close()
 
@@ -205,7 +205,7 @@ def test_the_token_texts_are_built_by_the_first_grammar_check_not_at_load(monkey
         return build(vocab, n_vocab)
 
     monkeypatch.setattr(runner_module, "grammar_token_texts", counted)
-    fresh = LlamaRunner(MODEL, ContextConfig(n_ctx=256, n_batch=64, n_seq_max=1, n_threads=2, n_threads_batch=2))
+    fresh = LlamaRunner(MODEL, ContextConfig(n_ctx=256, n_batch=64, n_seq_max=1, n_threads=THREADS, n_threads_batch=THREADS))
     try:
         fresh.check_grammar('root ::= "yes" | "no"')
         fresh.check_grammar('root ::= [0-9]+')

@@ -17,9 +17,8 @@ import ollama
 import pytest
 
 from edge_llm.models.catalogue import GEMMA_3_270M
-from edge_llm.models.fetch import fetch, models_dir
 from edge_llm.testing.server import MODEL, RunningServer, require_model, run_server
-from tests.helpers import metric, scrape, wait_for
+from tests.helpers import metric, scrape, small_model, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -287,7 +286,7 @@ GEMMA_ID = GEMMA_3_270M.filename.removesuffix(".gguf")
 def two_models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     directory = tmp_path_factory.mktemp("ollama-models")
     (directory / MODEL.name).symlink_to(require_model())
-    (directory / GEMMA_3_270M.filename).symlink_to(fetch(GEMMA_3_270M, models_dir()))
+    (directory / GEMMA_3_270M.filename).symlink_to(small_model())
     with run_server(Path(tmp_path_factory.mktemp("ollama")), "--models-dir", str(directory), "--api-key", KEY,
                     "--ctx-size", "2048", "--parallel", "2", model=None) as running:
         yield running

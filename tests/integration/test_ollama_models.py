@@ -22,8 +22,9 @@ import ollama
 import pytest
 
 from edge_llm.models.catalogue import GEMMA_3_270M
-from edge_llm.models.fetch import DEFAULT_MODEL, fetch, models_dir
+from edge_llm.models.fetch import DEFAULT_MODEL
 from edge_llm.testing.server import MODEL, RunningServer, require_model, run_server
+from tests.helpers import small_model
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +39,7 @@ def client(server: RunningServer) -> ollama.Client:
 @pytest.fixture(scope="module")
 def models_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """Serves a directory of its own holding both models (links), so deleting one changes nothing elsewhere."""
-    gemma = fetch(GEMMA_3_270M, models_dir())
+    gemma = small_model()
     directory = tmp_path_factory.mktemp("ollama-models")
     (directory / MODEL.name).symlink_to(require_model())
     (directory / gemma.name).symlink_to(gemma)

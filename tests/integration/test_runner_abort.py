@@ -11,14 +11,14 @@ import pytest
 from edge_llm.engine.llama.runner import ContextConfig, LlamaRunner
 from edge_llm.engine.scheduling.step_plan import StepPlan
 from edge_llm.engine.types import StepAbortedError, TokenLogprob
-from edge_llm.testing.server import MODEL
+from edge_llm.testing.server import MODEL, THREADS
 
 PROMPT = "<|im_start|>user\nWrite a haiku about the sea.<|im_end|>\n<|im_start|>assistant\n"
 
 
 @pytest.fixture(scope="module")
 def runner() -> Iterator[LlamaRunner]:
-    runner = LlamaRunner(MODEL, ContextConfig(n_ctx=512, n_batch=256, n_seq_max=2, n_threads=2, n_threads_batch=2))
+    runner = LlamaRunner(MODEL, ContextConfig(n_ctx=512, n_batch=256, n_seq_max=2, n_threads=THREADS, n_threads_batch=THREADS))
     yield runner
     runner.close()
 

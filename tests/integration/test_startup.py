@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from edge_llm.models.fetch import DEFAULT_MODEL
-from edge_llm.testing.server import MODEL, RunningServer, environment, free_port, require_model, run_server
+from edge_llm.testing.server import MODEL, THREADS, RunningServer, environment, free_port, require_model, run_server
 from tests.helpers import wait_for
 from tests.server_pool import ServerWith
 
@@ -25,8 +25,8 @@ NO_MODEL_ENV: dict[str, str | None] = {"EDGE_LLM_MODEL": None, "EDGE_LLM_MODELS_
 
 def serve(*flags: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess[str], float]:
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "edge_llm", "serve", "--model", str(MODEL), "--threads", "2",
-                             *flags], capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run([sys.executable, "-m", "edge_llm", "serve", "--model", str(MODEL),
+                             "--threads", str(THREADS), *flags], capture_output=True, text=True, timeout=timeout)
     return result, time.monotonic() - started
 
 
@@ -60,7 +60,7 @@ def test_banner_then_a_second_server_on_the_same_port_is_refused(text_log_server
     assert f"serving {MODEL.name.removesuffix('.gguf')} on {server.url}; loading the model" in log
     assert "(Q4_K_M, qwen2" in log
     assert "context     2,048 tokens shared by up to 2 parallel sequences (trained on 32,768)" in log
-    assert "threads     2" in log
+    assert f"threads     {THREADS} (prompt {THREADS})" in log  # the test servers' --threads
     assert "memory      ~" in log and "KV cache 24.0 MiB" in log  # 24 layers × 2048 × 128 × 2 × 2 bytes
     assert f"web chat    {server.url}/" in log
     assert f"try it      curl -N {server.url}/v1/chat/completions" in log

@@ -12,17 +12,16 @@ import pytest
 
 from edge_llm.engine.llama import loading  # noqa: F401 - llama.cpp's log lines routed, its backend initialised
 from edge_llm.engine.llama.vocabulary import grammar_token_texts, scan_vocabulary, special_text
-from edge_llm.models.catalogue import GEMMA_3_270M
-from edge_llm.models.fetch import fetch, models_dir
 from edge_llm.models.gguf_info import read_model_facts
 from edge_llm.testing.server import require_model
+from tests.helpers import small_model
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(params=["default", "gemma-3-270m"], scope="module")
 def model_vocab(request: pytest.FixtureRequest) -> Iterator[tuple[Path, llama_cpp.llama_vocab_p]]:
-    path: Path = require_model() if request.param == "default" else fetch(GEMMA_3_270M, models_dir())
+    path: Path = require_model() if request.param == "default" else small_model()
     params = llama_cpp.llama_model_default_params()
     params.vocab_only = True
     model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)

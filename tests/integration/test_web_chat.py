@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from edge_llm.testing.server import RunningServer, environment, run_server
-from tests.helpers import CHAT_FRONT_ENDS_FLAGS, WEB_CHAT_KEY, Samples, scrape, total, wait_for
+from tests.helpers import CHAT_FRONT_ENDS_FLAGS, WEB_CHAT_KEY, Samples, scrape, small_model, total, wait_for
 from tests.server_pool import ServerWith
 
 CHROMIUM = Path(os.environ.get("EDGE_LLM_TEST_CHROMIUM") or "/usr/bin/chromium")
@@ -308,13 +308,11 @@ def test_new_chat_during_an_answer_aborts_it_and_starts_clean(chat: ChatPage, we
 def picker_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """A server of a directory holding both catalogued models (links), none loaded until asked for."""
     require_chromium()
-    from edge_llm.models.catalogue import GEMMA_3_270M
-    from edge_llm.models.fetch import fetch, models_dir
     from edge_llm.testing.server import require_model
 
     directory = tmp_path_factory.mktemp("picker-models")
     (directory / require_model().name).symlink_to(require_model())
-    gemma = fetch(GEMMA_3_270M, models_dir())
+    gemma = small_model()
     (directory / gemma.name).symlink_to(gemma)
     with run_server(tmp_path_factory.mktemp("picker"), "--models-dir", str(directory), "--ctx-size", "2048",
                     "--parallel", "2", "--cache-slots", "0", model=None) as running:

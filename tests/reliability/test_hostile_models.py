@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from edge_llm.testing.server import RunningServer, free_port, run_server
+from edge_llm.testing.server import THREADS, RunningServer, free_port, run_server
 from tests.helpers import SMALL_MODEL_CHAT, small_model
 from tests.reliability.gguf_rewrite import rewritten, with_chat_template
 from tests.reliability.support import (
@@ -195,7 +195,7 @@ def make_bad_model(kind: str, tmp: Path) -> Path:
 def test_a_bad_model_file_stops_start_up_with_one_clear_line(tmp_path: Path, kind: str) -> None:
     path = make_bad_model(kind, tmp_path)
     command = [sys.executable, "-m", "edge_llm", "serve", "--model", str(path), "--port", str(free_port()),
-               "--threads", "2", "--log-format", "json"]
+               "--threads", str(THREADS), "--log-format", "json"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     stderr = result.stderr
     assert result.returncode == 1, (result.returncode, stderr[-2000:])

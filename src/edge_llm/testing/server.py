@@ -15,12 +15,15 @@ model's path), so a test process or a benchmark harness loads neither llama.cpp 
 
 from __future__ import annotations
 
+import fcntl
+import itertools
 import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -28,6 +31,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from edge_llm.models.fetch import default_model_path
 
@@ -57,10 +61,33 @@ def environment(changes: dict[str, str | None] | None) -> dict[str, str]:
     return {name: value for name, value in merged.items() if value is not None}
 
 
+# free_port's ports: below Linux's ephemeral range (32768-60999), so no outgoing connection takes one between
+# free_port and the server's bind, and each claimed for the life of this process with a byte-range lock (offset =
+# port) on one file shared by every test process, so parallel test runners (pytest-xdist workers) never get the
+# same port.
+PORTS = range(20000, 32000)
+_PORT_CLAIMS = Path(tempfile.gettempdir()) / "edge-llm-test-ports.lock"
+_claims: list[IO[bytes]] = []
+_next_port = itertools.cycle(PORTS)
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback port that nothing listens on and that no other test process has been given."""
+    if not _claims:
+        _claims.append(_PORT_CLAIMS.open("ab"))  # kept open: closing it would drop every claim
+    for _ in PORTS:
+        port = next(_next_port)
+        try:
+            fcntl.lockf(_claims[0], fcntl.LOCK_EX | fcntl.LOCK_NB, 1, port)
+        except OSError:  # another test process holds this one
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:  # in use by something else
+                continue
+        return port
+    raise RuntimeError(f"no free port in {PORTS}")
 
 
 @dataclass
