@@ -59,9 +59,19 @@ REASONS: list[tuple[str, str, str]] = [
      "test_completion_answers_a_list_of_prompts_one_result_each)"),
     ("test_completion", "test_completion_parallel_slots", SLOTS),
     ("test_completion", "test_completion_unified",
-     "shim (fixed after this run): --n-predict 64 went in as --max-tokens-cap, so its n_predict 70-90 answered 64 "
-     "tokens (server log: completion_tokens=64) where it checks predicted_n == n_predict; llama-server reads "
-     "--n-predict as a default only, and the shim now passes it so (not rerun: no time on the loaded machine)"),
+     TIMED_OUT + " (2 of its 4 cases pass since the shim passes --n-predict as a default; before, it was a cap: "
+     "n_predict 70-90 answered 64 tokens)"),
+    ("test_completion", "test_completion_response_fields",
+     "model-specific: expects the prompt echoed with stories260K's BOS (`<s> `); Qwen2.5-Coder's vocabulary adds none"),
+    ("test_completion", "test_n_probs_post_sampling",
+     "model-specific: asserts every candidate's id > 0 (stories260K's id 0 is <unk>); Qwen2.5-Coder's id 0 is `!`, "
+     "a real candidate"),
+    ("test_completion", "test_n_probs_post_backend_sampling",
+     "flag without an equivalent: --backend-sampling / `backend_sampling` (ignored here); its two sampled answers "
+     "then part at a token (ids 69506 vs 24427): not investigated further for lack of time"),
+    ("test_completion", "test_cancel_request", SLOTS + " (it reads /slots[0])"),
+    ("test_completion", "test_completion_prompt_cache",
+     "model-specific: expects stories260K's prompt token count (207); Qwen2.5-Coder's vocabulary gives 123"),
     ("test_completion", "test_json_prompt_no_mtmd",
      TIMED_OUT + " (passed in the 13:40 UTC run; its `{\"prompt_string\": …}` prompt is read)"),
     ("test_chat_completion", "test_chat_completion_with_openai_library", OPENAI_MODEL),
