@@ -11,6 +11,7 @@ from typing import Any, Literal, TypedDict
 from pydantic import BaseModel, Field, field_validator
 
 from edge_llm.api.protocol.common import RequestModel, unreadable
+from edge_llm.api.protocol.llama_server import is_token_id, one_or_several
 
 MAX_INPUTS = 2048  # OpenAI's limit on the items of one request
 MAX_REQUEST_TOKENS = 32768  # all inputs together: about two minutes of work on a small CPU
@@ -40,19 +41,10 @@ class EmbeddingsRequest(RequestModel):
         return self.input  # type: ignore[no-any-return]  # embedding_inputs made it a list of inputs
 
 
-def _is_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def embedding_inputs(value: Any) -> list[Input]:
-    """llama-server's reading of `input` (handle_embeddings_impl): a list holding a token id at its top is ONE input
-    (ids and text mixed), any other list several; an empty text is refused later, naming its input."""
-    items = value if isinstance(value, list) and not any(_is_id(item) for item in value) else [value]
-    if not items:
-        raise ValueError("must not be empty")
-    if len(items) > MAX_INPUTS:
-        raise ValueError(f"has {len(items)} items; at most {MAX_INPUTS} are allowed")
-    return [_one_input(item, f"input {index}: " if len(items) > 1 else "") for index, item in enumerate(items)]
+    """llama-server's reading of `input` (handle_embeddings_impl, as one_or_several); an empty text is refused later,
+    naming its input."""
+    return [_one_input(item, where) for item, where in one_or_several(value, limit=MAX_INPUTS, noun="input")]
 
 
 def _one_input(item: Any, where: str) -> Input:
@@ -64,7 +56,7 @@ def _one_input(item: Any, where: str) -> Input:
         item = item.get("prompt_string")
     if isinstance(item, str):
         return [item]
-    if isinstance(item, list) and all(_is_id(piece) or isinstance(piece, str) for piece in item):
+    if isinstance(item, list) and all(is_token_id(piece) or isinstance(piece, str) for piece in item):
         return list(item)
     raise ValueError(f"{where}each input must be {_SHAPES.removesuffix(', or a list of these')}")
 

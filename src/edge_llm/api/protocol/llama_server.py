@@ -129,7 +129,7 @@ def bias_entries(value: list[Any] | dict[str, Any] | None) -> list[tuple[int | s
             continue
         if isinstance(value, dict):
             entries.append((int(key) if _integer_text(key) else key, bias))
-        elif _is_id(key) or isinstance(key, str):
+        elif is_token_id(key) or isinstance(key, str):
             entries.append((key, bias))
     return entries
 
@@ -172,22 +172,28 @@ _SHAPES = ("a string, a list of token ids and strings, an object with 'prompt_st
            f"(at most {MAX_PROMPTS} prompts)")
 
 
-def _is_id(value: Any) -> bool:
+def is_token_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def split_prompts(value: Any) -> list[Prompt]:
-    """llama-server's reading: a list that holds a token id anywhere at its top is ONE prompt (ids and text
-    mixed); any other list is several prompts."""
-    single = isinstance(value, (str, dict)) or (isinstance(value, list) and any(_is_id(item) for item in value))
-    if not single and not isinstance(value, list):
-        raise ValueError(f"must be {_SHAPES}")
+def one_or_several(value: Any, *, limit: int, noun: str) -> list[tuple[Any, str]]:
+    """llama-server's reading of a prompt field (tokenize_input_prompts): a list that holds a token id anywhere at its
+    top is ONE item (ids and text mixed); any other list is several, anything else one. Each item with the label its
+    errors start with ('' when there is one item)."""
+    single = not isinstance(value, list) or any(is_token_id(item) for item in value)
     items = [value] if single else value
     if not items:
         raise ValueError("must not be empty")
-    if len(items) > MAX_PROMPTS:
-        raise ValueError(f"at most {MAX_PROMPTS} prompts per request (got {len(items)})")
-    return [_one_prompt(item, "" if single else f"prompt {index}: ") for index, item in enumerate(items)]
+    if len(items) > limit:
+        raise ValueError(f"at most {limit} {noun}s per request (got {len(items)})")
+    return [(item, "" if single else f"{noun} {index}: ") for index, item in enumerate(items)]
+
+
+def split_prompts(value: Any) -> list[Prompt]:
+    """The prompts of `value`, read as llama-server reads them (one_or_several)."""
+    if not isinstance(value, (str, dict, list)):
+        raise ValueError(f"must be {_SHAPES}")
+    return [_one_prompt(item, where) for item, where in one_or_several(value, limit=MAX_PROMPTS, noun="prompt")]
 
 
 def _one_prompt(item: Any, where: str) -> Prompt:
@@ -198,8 +204,8 @@ def _one_prompt(item: Any, where: str) -> Prompt:
             raise ValueError(f"{where}an object prompt needs 'prompt_string' (text, or token ids and text)")
         item = item["prompt_string"]
     pieces = [item] if isinstance(item, str) else item
-    if not isinstance(pieces, list) or not all(_is_id(piece) or isinstance(piece, str) for piece in pieces):
+    if not isinstance(pieces, list) or not all(is_token_id(piece) or isinstance(piece, str) for piece in pieces):
         raise ValueError(f"{where}each prompt must be {_SHAPES.split(', or a list')[0]}")
-    if not any(_is_id(piece) or piece for piece in pieces):
+    if not any(is_token_id(piece) or piece for piece in pieces):
         raise ValueError(f"{where}the prompt must not be empty")
     return pieces
