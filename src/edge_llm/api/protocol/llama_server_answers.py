@@ -62,6 +62,10 @@ class PromptProgress(TypedDict):
     time_ms: float
 
 
+def prompt_progress(*, total: int, cached: int, processed: int, elapsed_s: float) -> PromptProgress:
+    return {"total": total, "cache": cached, "processed": processed, "time_ms": elapsed_s * 1000}
+
+
 class CompletionChunk(TypedDict):
     """server-task.cpp server_task_result_cmpl_partial::to_json_non_oaicompat: one streamed piece."""
 

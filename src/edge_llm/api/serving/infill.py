@@ -24,6 +24,7 @@ from edge_llm.api.protocol.llama_server_answers import (
     GenerationSettings,
     completion_chunk,
     completion_final,
+    prompt_progress,
     timings,
     token_probabilities,
 )
@@ -232,8 +233,8 @@ def _stop_type(finished: Finished | None, cut: bool) -> str:
 def _progress_chunk(generation: Generation, index: int, step: PrefillProgress, started: float) -> CompletionChunk:
     """llama-server's `return_progress` chunk: a partial result without content, with the prompt's progress."""
     return completion_chunk(index, "", [], predicted=0, evaluated=_prompt_length(generation, index),
-                            progress={"total": step.total, "cache": step.cached, "processed": step.processed,
-                                      "time_ms": (time.monotonic() - started) * 1000})
+                            progress=prompt_progress(total=step.total, cached=step.cached, processed=step.processed,
+                                                     elapsed_s=time.monotonic() - started))
 
 
 def generation_settings(body: NativeGeneration, sampling: SamplingParams, n_ctx: int,

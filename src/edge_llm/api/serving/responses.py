@@ -20,7 +20,7 @@ from edge_llm.api.errors import CLIENT_CLOSED_REQUEST, APIError, invalid_request
 from edge_llm.api.protocol.openai_chat import ChatCompletionRequest
 from edge_llm.api.params import report_ignored
 from edge_llm.api.protocol.responses import FunctionToolChoice, ResponsesRequest, set_aside_unread
-from edge_llm.api.protocol.llama_server_answers import PromptProgress, Timings, timings
+from edge_llm.api.protocol.llama_server_answers import PromptProgress, Timings, prompt_progress, timings
 from edge_llm.api.protocol.responses_answers import response_error
 from edge_llm.api.request_context import request_context
 from edge_llm.api.serving.outcome import Generation, total_usage
@@ -188,8 +188,8 @@ class Telemetry:
 
     def progress(self, step: PrefillProgress) -> PromptProgress:
         self._cached = step.cached
-        return {"total": step.total, "cache": step.cached, "processed": step.processed,
-                "time_ms": (time.monotonic() - self._started) * 1000}
+        return prompt_progress(total=step.total, cached=step.cached, processed=step.processed,
+                               elapsed_s=time.monotonic() - self._started)
 
     def so_far(self, predicted: int) -> Timings:
         now = time.monotonic()
