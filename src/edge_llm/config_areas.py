@@ -203,7 +203,8 @@ class SecurityArea(BaseModel):
     )
     cors_origins: CommaList = Field(
         [],
-        description="Browser origins allowed by CORS (comma list, e.g. http://localhost:5173; * allows any). "
+        description="Browser origins allowed by CORS (comma list, e.g. http://localhost:5173; * allows any; the "
+        "keyword localhost allows http(s)://localhost, 127.0.0.1 and [::1] at any port, as llama-server's). "
         "CORS is off by default.",
     )
 

@@ -148,7 +148,7 @@ def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     config.write_text('max_tokens_cap = 4\nmax_prompt_tokens = 200\nallowed_hosts = ["good.example"]\n')
     with run_server(
         tmp, "--config", str(config), "--api-key", FLAG_KEY, "--api-key-file", str(keys),
-        "--cors-origins", "http://app.example", "--max-headers", "30", "--max-header-bytes", "4096",
+        "--cors-origins", "http://app.example,localhost", "--max-headers", "30", "--max-header-bytes", "4096",
         "--max-body-bytes", "65536", "--parallel", "2",
         env={"EDGE_LLM_MAX_PROMPT_TOKENS": "100"},
     ) as running:
@@ -239,6 +239,14 @@ def test_origin_check_and_cors(ops: RunningServer) -> None:
     refused = httpx.options(ops.url + CHAT, headers={
         "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
     assert refused.status_code == 403 and "access-control-allow-origin" not in refused.headers
+    # The `localhost` keyword (llama-server's): any port on a loopback name, and nothing that only starts like one.
+    for local in ("http://localhost:5173", "http://127.0.0.1:3000", "https://[::1]"):
+        answered = httpx.get(url, headers={**AUTH, "Origin": local})
+        assert answered.status_code == 200 and answered.headers["access-control-allow-origin"] == local
+        preflight = httpx.options(url, headers={"Origin": local, "Access-Control-Request-Method": "POST"})
+        assert preflight.status_code == 200 and preflight.headers["access-control-allow-origin"] == local
+    for lookalike in ("http://localhost.evil.example", "http://evil.example/localhost", "file://localhost"):
+        assert_error(httpx.get(url, headers={**AUTH, "Origin": lookalike}), 403, "origin_not_allowed")
     # Same origin (a page served by this server itself) needs no listing; without an Origin (curl, SDKs) neither.
     assert httpx.get(url, headers={**AUTH, "Origin": ops.url}).status_code == 200
     assert "access-control-allow-origin" not in httpx.get(url, headers=AUTH).headers

@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp
 
 from edge_llm import __version__
@@ -40,7 +39,14 @@ from edge_llm.api.response_store import ResponseStore, ResponseStoreCollector
 from edge_llm.api.serving.background_responses import BackgroundRuns
 from edge_llm.api.routes import router
 from edge_llm.api.routes_ollama import ollama_router
-from edge_llm.api.security import ApiKeyAuth, HostGuard, load_api_keys, warn_if_exposed
+from edge_llm.api.security import (
+    LOCALHOST_ORIGINS,
+    ApiKeyAuth,
+    HostGuard,
+    LocalhostAwareCORS,
+    load_api_keys,
+    warn_if_exposed,
+)
 from edge_llm.api.serving.models import ModelServing
 from edge_llm.api.serving.ollama_models import OllamaModelServing
 from edge_llm.api.serving.ollama_pull import PullServing
@@ -143,7 +149,8 @@ def create_app(
         app.add_middleware(ApiKeyAuth, keys=api_keys)
     if settings.cors_origins:
         app.add_middleware(
-            CORSMiddleware,
+            LocalhostAwareCORS,
+            allow_localhost=LOCALHOST_ORIGINS in (origin.lower() for origin in settings.cors_origins),
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "HEAD", "POST", "DELETE", "OPTIONS"],
             allow_headers=["Authorization", "Content-Type", "X-Request-Id", "X-Api-Key", "Anthropic-Version"],

@@ -14,6 +14,7 @@ import socket
 from urllib.parse import urlsplit
 
 from starlette.datastructures import Headers
+from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from edge_llm.api.errors import APIError
@@ -25,6 +26,27 @@ from edge_llm.config import Settings
 logger = logging.getLogger(__name__)
 
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
+LOCALHOST_ORIGINS = "localhost"  # the --cors-origins keyword (llama-server's): any port on this machine's loopback
+
+
+def is_localhost_origin(origin: str) -> bool:
+    """An http(s) origin whose host is localhost, 127.0.0.1 or [::1], at any port."""
+    try:
+        parts = urlsplit(origin.strip())
+        return parts.scheme in ("http", "https") and parts.hostname in ("localhost", "127.0.0.1", "::1")
+    except ValueError:
+        return False
+
+
+class LocalhostAwareCORS(CORSMiddleware):
+    """Starlette's CORS, which also allows every localhost origin when --cors-origins holds the `localhost` keyword."""
+
+    def __init__(self, app: ASGIApp, *, allow_localhost: bool, **options: object) -> None:
+        super().__init__(app, **options)  # type: ignore[arg-type]
+        self.allow_localhost = allow_localhost
+
+    def is_allowed_origin(self, origin: str) -> bool:
+        return super().is_allowed_origin(origin) or (self.allow_localhost and is_localhost_origin(origin))
 
 
 def _client(scope: Scope) -> str | None:
@@ -156,6 +178,7 @@ class HostGuard:
         }
         self.any_origin = "*" in cors_origins
         self.origins = {origin.rstrip("/").lower() for origin in cors_origins}
+        self.localhost_origins = LOCALHOST_ORIGINS in self.origins
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
@@ -184,7 +207,7 @@ class HostGuard:
 
     def origin_allowed(self, origin: str, host: str | None) -> bool:
         origin = origin.strip().rstrip("/").lower()
-        if self.any_origin or origin in self.origins:
+        if self.any_origin or origin in self.origins or (self.localhost_origins and is_localhost_origin(origin)):
             return True
         # Same origin: a page served by this very server (scheme://<the Host it was asked by>).
         parts = urlsplit(origin)
