@@ -114,6 +114,6 @@ fi
 case "$action" in
   serve) exec .venv/bin/edge-llm serve "$@" ;;
   # Two pytest-xdist workers, whole files to each (a file's module servers stay in one worker); `-n 0` after
-  # `test` runs the suite in one process.
-  test) exec .venv/bin/python -m pytest -n 2 --dist loadfile "$@" ;;
+  # `test` runs the suite in one process. Files go longest first (tests/file_order.py), not by xdist's test count.
+  test) exec .venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder "$@" ;;
 esac

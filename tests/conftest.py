@@ -22,11 +22,16 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1) > 1:
     os.environ.setdefault("EDGE_LLM_TEST_THREADS", "1")
 
 import edge_llm  # noqa: E402 - after the threads are chosen
+from tests.file_order import longest_files_first, recorded_durations  # noqa: E402
 from tests.server_pool import SHARED_SERVERS, ServerPool, ServerWith  # noqa: E402
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:  # noqa: ARG001 - pytest's hook signature
     compileall.compile_dir(Path(edge_llm.__file__).parent, quiet=1)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items[:] = longest_files_first(items, recorded_durations())
 
 
 @pytest.fixture(scope="session")
