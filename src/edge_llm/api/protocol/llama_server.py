@@ -118,20 +118,20 @@ def bias_entries(value: list[Any] | dict[str, Any] | None) -> list[tuple[int | s
     """llama-server's logit_bias (server-schema.cpp) as (token id or text, bias) pairs, in order: a text stands for
     every token of it, `false` is minus infinity; entries it skips (not a pair, a bias neither a number nor false)
     are skipped here too."""
-    pairs = value.items() if isinstance(value, dict) else [tuple(el) for el in value or [] if _is_pair(el)]
-    entries: list[tuple[int | str, float]] = []
-    for key, raw in pairs:
-        if raw is False:
-            bias = float("-inf")
-        elif isinstance(raw, (int, float)) and not isinstance(raw, bool):
-            bias = float(raw)
-        else:
-            continue
-        if isinstance(value, dict):
-            entries.append((int(key) if _integer_text(key) else key, bias))
-        elif is_token_id(key) or isinstance(key, str):
-            entries.append((key, bias))
-    return entries
+    if isinstance(value, dict):
+        keyed = [(int(key) if _integer_text(key) else key, raw) for key, raw in value.items()]
+    else:
+        keyed = [(key, raw) for key, raw in (el for el in value or [] if _is_pair(el))
+                 if is_token_id(key) or isinstance(key, str)]
+    return [(key, bias) for key, raw in keyed if (bias := _bias(raw)) is not None]
+
+
+def _bias(raw: Any) -> float | None:
+    if raw is False:
+        return float("-inf")
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        return float(raw)
+    return None
 
 
 def _is_pair(element: Any) -> bool:
