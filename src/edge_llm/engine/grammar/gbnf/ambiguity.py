@@ -348,6 +348,12 @@ def _without_empty_rules(grammar: Grammar) -> list[list[list[Item]]]:
     return [[[item for item in alternative if kept(item)] for alternative in rule.alternatives] for rule in rules]
 
 
+def _shape(item: Item) -> object:  # what a walk sees of `item` (a terminal's equality leaves out its characters)
+    if isinstance(item, Repeat):
+        return (_shape(item.item), item.min, item.max)
+    return item.rule if isinstance(item, Ref) else (item.length, item.chars)
+
+
 def check_ambiguity(grammar: Grammar, tokens: TokenTexts) -> int:
     """Refuses (GrammarError naming the rule) a grammar in which llama.cpp would walk more than MAX_PATHS ways
     through the tokens of `tokens`; the steps it took. The grammar must have passed `bounds.measure`."""
@@ -360,16 +366,30 @@ def check_ambiguity(grammar: Grammar, tokens: TokenTexts) -> int:
                 if isinstance(inner, Ref):
                     references[inner.rule] += 1
     push = walker.stacks.push
+    # A walk sees only the items from its start on (a start frame has nothing below it), so the walk from a place
+    # whose items are those of a place already walked (each property of a schema: `space ":" space string`) is the
+    # same walk and passes again: each shape is walked once, and the check grows with the grammar's distinct shapes.
+    walked: set[object] = set()
+    suffixes: dict[tuple[object, int], int] = {}  # (an item's shape, the suffix after it): a number, from the end
     # Rules written later first (those that others use, mostly), so that the refusal names the innermost rule.
     for rule in reversed(range(len(walker.rules))):
         alternatives = walker.rules[rule]
         # A rule used in one place (a group, a chain of rules) is walked from that place, its caller's entry or
         # the start at that reference below: walking it again from its own entry finds nothing more.
-        if references[rule] != 1:
+        entry = tuple(tuple(map(_shape, sequence)) for sequence in alternatives)
+        if references[rule] != 1 and entry not in walked:
+            walked.add(entry)
             walker.walk(rule, [push(0, walker.frame(rule, number, 0)) if sequence else 0
                                for number, sequence in enumerate(alternatives)], (rule, 0))
         for number, sequence in enumerate(alternatives):
+            after = [0] * (len(sequence) + 1)
+            for index in reversed(range(len(sequence))):
+                key = (_shape(sequence[index]), after[index + 1])
+                after[index] = suffixes.setdefault(key, len(suffixes) + 1)
             for index in range(1, len(sequence)):
+                if after[index] in walked:
+                    continue
+                walked.add(after[index])
                 item = sequence[index]
                 inner = item.item if isinstance(item, Repeat) else item
                 if isinstance(inner, Ref):  # named after the rule it enters (a group: after its own rule)
