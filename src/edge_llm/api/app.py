@@ -40,10 +40,10 @@ from edge_llm.api.serving.background_responses import BackgroundRuns
 from edge_llm.api.routes import router
 from edge_llm.api.routes_ollama import ollama_router
 from edge_llm.api.security import (
-    LOCALHOST_ORIGINS,
     ApiKeyAuth,
     HostGuard,
     LocalhostAwareCORS,
+    allows_localhost,
     load_api_keys,
     warn_if_exposed,
 )
@@ -150,7 +150,7 @@ def create_app(
     if settings.cors_origins:
         app.add_middleware(
             LocalhostAwareCORS,
-            allow_localhost=LOCALHOST_ORIGINS in (origin.lower() for origin in settings.cors_origins),
+            allow_localhost=allows_localhost(settings.cors_origins),
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "HEAD", "POST", "DELETE", "OPTIONS"],
             allow_headers=["Authorization", "Content-Type", "X-Request-Id", "X-Api-Key", "Anthropic-Version"],

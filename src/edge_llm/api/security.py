@@ -29,6 +29,10 @@ _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
 LOCALHOST_ORIGINS = "localhost"  # the --cors-origins keyword (llama-server's): any port on this machine's loopback
 
 
+def allows_localhost(cors_origins: list[str]) -> bool:
+    return any(origin.strip().lower() == LOCALHOST_ORIGINS for origin in cors_origins)
+
+
 def is_localhost_origin(origin: str) -> bool:
     """An http(s) origin whose host is localhost, 127.0.0.1 or [::1], at any port."""
     try:
@@ -178,7 +182,7 @@ class HostGuard:
         }
         self.any_origin = "*" in cors_origins
         self.origins = {origin.rstrip("/").lower() for origin in cors_origins}
-        self.localhost_origins = LOCALHOST_ORIGINS in self.origins
+        self.localhost_origins = allows_localhost(cors_origins)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
