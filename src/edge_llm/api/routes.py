@@ -73,6 +73,7 @@ async def chat_completions(request: Request) -> Response:
     return await with_model(request, ChatServing, lambda serving: serving.chat_completions(request))
 
 
+@router.post("/completions", **_UNVERSIONED)
 @router.post(
     "/v1/completions",
     response_model=Completion,
@@ -94,7 +95,6 @@ async def infill(request: Request) -> Response:
     return await with_model(request, InfillServing, lambda serving: serving.infill(request))
 
 
-@router.post("/completions", **_UNVERSIONED)  # llama-server's second name for its native /completion, not OpenAI's
 @router.post(
     "/completion",
     responses={**_ERRORS, 200: {"content": {"text/event-stream": {}}}},
